@@ -1,0 +1,225 @@
+"""The shared integrator engine: exact solutions (errors in tolerance units), scipy differential tests,
+order of accuracy, cost budgets, divergence and bad input."""
+import numpy as np
+import pytest
+from numba import njit
+from scipy.integrate import solve_ivp
+
+from dynamics.integrate import (
+    DivergenceError,
+    dopri5_loop,
+    iterate_map,
+    solve_dopri5,
+    solve_rk4,
+)
+
+
+# ---- problems with exact solutions: (rhs, exact(t, y0, params), y0, params, t_end) -------------------
+@njit
+def decay_rhs(t, y, p):
+    return -p[0] * y
+
+
+def decay_exact(t, y0, p):
+    return np.outer(np.exp(-p[0] * t), y0)
+
+
+@njit
+def oscillator_rhs(t, y, p):
+    out = np.empty(2)
+    out[0] = y[1]
+    out[1] = -p[0] ** 2 * y[0]
+    return out
+
+
+def oscillator_exact(t, y0, p):
+    w = p[0]
+    return np.stack([y0[0] * np.cos(w * t) + y0[1] / w * np.sin(w * t),
+                     -y0[0] * w * np.sin(w * t) + y0[1] * np.cos(w * t)], axis=1)
+
+
+@njit
+def nonautonomous_rhs(t, y, p):
+    return np.cos(t) * y
+
+
+def nonautonomous_exact(t, y0, p):
+    return np.outer(np.exp(np.sin(t)), y0)
+
+
+@njit
+def logistic_rhs(t, y, p):
+    return p[0] * y * (1.0 - y)
+
+
+def logistic_exact(t, y0, p):
+    return (1.0 / (1.0 + (1.0 / y0[0] - 1.0) * np.exp(-p[0] * t)))[:, None]
+
+
+PROBLEMS = {
+    "decay": (decay_rhs, decay_exact, np.array([1.0, -2.0, 0.5]), np.array([0.7]), 5.0),
+    "oscillator": (oscillator_rhs, oscillator_exact, np.array([1.0, 0.5]), np.array([2.0]), 10.0),
+    "nonautonomous": (nonautonomous_rhs, nonautonomous_exact, np.array([1.0]), np.zeros(0), 12.0),
+    "logistic": (logistic_rhs, logistic_exact, np.array([0.01]), np.array([1.5]), 10.0),
+}
+
+
+def _scipy_rhs(rhs, params):
+    return lambda t, y: rhs(t, np.asarray(y, dtype=float), params)
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+@pytest.mark.parametrize("rtol", [1e-4, 1e-8])
+def test_dopri5_error_in_tolerance_units(name, rtol):
+    rhs, exact, y0, params, t_end = PROBLEMS[name]
+    atol = rtol * 1e-2
+    t_eval = np.linspace(0.0, t_end, 41)
+    sol = solve_dopri5(rhs, y0, t_eval, params, rtol=rtol, atol=atol)
+    truth = exact(t_eval, y0, params)
+    # Units of the tolerance at the solution's scale (its amplitude), so zero crossings do not divide by ~0.
+    error_units = np.abs(sol.y - truth) / (atol + rtol * np.abs(truth).max(axis=0))
+    # Local error per step is < 1 tolerance unit; the global error accumulates over O(10) time units.
+    # scipy's own tests allow 5-15 units for its problems; dense output adds no more than the step error.
+    assert error_units.max() < 25, error_units.max()
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_dopri5_matches_scipy_rk45_step_for_step(name):
+    """Same tableau, same controller, same starting step: the same number of evaluations and the same values."""
+    rhs, _, y0, params, t_end = PROBLEMS[name]
+    t_eval = np.linspace(0.0, t_end, 23)
+    ours = solve_dopri5(rhs, y0, t_eval, params, rtol=1e-7, atol=1e-10)
+    ref = solve_ivp(_scipy_rhs(rhs, params), (0.0, t_end), y0, method="RK45", t_eval=t_eval,
+                    rtol=1e-7, atol=1e-10)
+    assert ours.n_rhs_evals == ref.nfev
+    np.testing.assert_allclose(ours.y, ref.y.T, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_dopri5_agrees_with_scipy_dop853(name):
+    """Against an independent, higher-order method: the difference is within a few tolerance units."""
+    rhs, _, y0, params, t_end = PROBLEMS[name]
+    t_eval = np.linspace(0.0, t_end, 17)
+    rtol, atol = 1e-9, 1e-12
+    ours = solve_dopri5(rhs, y0, t_eval, params, rtol=rtol, atol=atol)
+    ref = solve_ivp(_scipy_rhs(rhs, params), (0.0, t_end), y0, method="DOP853", t_eval=t_eval,
+                    rtol=1e-13, atol=1e-15)
+    units = np.abs(ours.y - ref.y.T) / (atol + rtol * np.abs(ref.y.T))
+    assert units.max() < 25
+
+
+def test_dopri5_cost_budget():
+    """Catches a controller regression without timing: decay at rtol 1e-6 needs few evaluations."""
+    rhs, _, y0, params, _ = PROBLEMS["decay"]
+    sol = solve_dopri5(rhs, y0, [0.0, 5.0], params, rtol=1e-6, atol=1e-9)
+    assert sol.n_rhs_evals < 150
+    assert sol.n_rejected <= 2
+
+
+def test_dopri5_output_before_first_step_and_start_time():
+    rhs, exact, y0, params, _ = PROBLEMS["decay"]
+    sol = solve_dopri5(rhs, y0, [1.0, 2.0], params, t0=0.0, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sol.y, exact(np.array([1.0, 2.0]), y0, params), rtol=1e-8)
+    only_start = solve_dopri5(rhs, y0, [0.0], params)
+    np.testing.assert_array_equal(only_start.y[0], y0)
+
+
+@njit(cache=True)
+def _bound_oscillator(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    return dopri5_loop(oscillator_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+
+
+def test_bound_cached_loop_gives_identical_results():
+    rhs, _, y0, params, t_end = PROBLEMS["oscillator"]
+    t_eval = np.linspace(0, t_end, 11)
+    a = solve_dopri5(rhs, y0, t_eval, params, rtol=1e-8, atol=1e-10)
+    b = solve_dopri5(rhs, y0, t_eval, params, rtol=1e-8, atol=1e-10, loop=_bound_oscillator)
+    np.testing.assert_array_equal(a.y, b.y)
+    assert a.n_rhs_evals == b.n_rhs_evals
+
+
+@pytest.mark.parametrize("name", ["oscillator", "nonautonomous"])
+def test_rk4_is_fourth_order(name):
+    rhs, exact, y0, params, t_end = PROBLEMS[name]
+    errors = []
+    for dt in (0.02, 0.01):
+        sol = solve_rk4(rhs, y0, (0.0, t_end), dt, params, record_every=10)
+        errors.append(np.abs(sol.y[-1] - exact(np.array([t_end]), y0, params)[0]).max())
+    ratio = errors[0] / errors[1]
+    assert 14.0 < ratio < 18.0, ratio  # 2**4 = 16 for a 4th-order method
+
+
+def test_rk4_records_requested_steps_and_final_state():
+    rhs, exact, y0, params, _ = PROBLEMS["decay"]
+    sol = solve_rk4(rhs, y0, (0.0, 1.0), 0.03, params, record_every=7)
+    assert sol.t[0] == 0.0 and sol.t[-1] == pytest.approx(1.0)
+    np.testing.assert_allclose(sol.y, exact(sol.t, y0, params), rtol=1e-6)
+
+
+@njit
+def blowup_rhs(t, y, p):
+    return y * y  # y(t) = 1 / (1 - t): finite-time blow-up at t = 1
+
+
+@njit
+def nan_rhs(t, y, p):
+    out = y.copy()
+    if t > 0.5:
+        out[0] = np.nan
+    return out
+
+
+def test_divergence_names_the_step():
+    with pytest.raises(DivergenceError, match=r"diverged at step \d+ \(t = 0?\.?9?\d*"):
+        solve_dopri5(blowup_rhs, [1.0], [0.0, 2.0])
+    with pytest.raises(DivergenceError, match=r"diverged at step 10\d \(t = 1\.0"):
+        solve_rk4(blowup_rhs, [1.0], (0.0, 2.0), 0.01)
+    with pytest.raises(DivergenceError, match=r"diverged at step 6 \(t = 0.6\): the state is no longer finite"):
+        solve_rk4(nan_rhs, [1.0], (0.0, 1.0), 0.1)
+    with pytest.raises(DivergenceError, match="diverged at step"):
+        solve_dopri5(nan_rhs, [1.0], [0.0, 1.0])
+
+
+def test_max_steps_budget():
+    rhs, _, y0, params, _ = PROBLEMS["oscillator"]
+    with pytest.raises(RuntimeError, match="max_steps=5"):
+        solve_dopri5(rhs, y0, [0.0, 100.0], params, rtol=1e-10, max_steps=5)
+
+
+@njit
+def logistic_map(k, x, p):
+    return p[0] * x * (1.0 - x)
+
+
+@njit
+def doubling_map(k, x, p):
+    return 2.0 * x
+
+
+def test_iterate_map_fixed_point_and_recording():
+    sol = iterate_map(logistic_map, [0.2], 200, [2.5], record_steps=[0, 1, 200])
+    np.testing.assert_allclose(sol.t, [0, 1, 200])
+    assert sol.y[1, 0] == pytest.approx(2.5 * 0.2 * 0.8)
+    assert sol.y[-1, 0] == pytest.approx(1 - 1 / 2.5, abs=1e-12)  # fixed point 1 - 1/r
+    with pytest.raises(DivergenceError, match="diverged at step 40:"):
+        iterate_map(doubling_map, [1.0], 100)  # 2**39 < 1e12 < 2**40
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: solve_dopri5(decay_rhs, [np.nan], [0.0, 1.0], [1.0]), "y0 must be finite"),
+        (lambda: solve_dopri5(decay_rhs, [1.0], [1.0, 0.0], [1.0]), "t_eval must be sorted"),
+        (lambda: solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], rtol=0.0), "rtol"),
+        (lambda: solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], atol=-1.0), "atol"),
+        (lambda: solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [np.inf]), "params must be finite"),
+        (lambda: solve_dopri5(decay_rhs, [[1.0]], [0.0, 1.0], [1.0]), "y0 must be a non-empty 1-D"),
+        (lambda: solve_rk4(decay_rhs, [1.0], (0.0, 1.0), -0.1, [1.0]), "dt must be"),
+        (lambda: solve_rk4(decay_rhs, [1.0], (1.0, 0.0), 0.1, [1.0]), "t_span"),
+        (lambda: iterate_map(logistic_map, [0.2], -1, [2.5]), "n_steps"),
+        (lambda: iterate_map(logistic_map, [0.2], 5, [2.5], record_steps=[9]), "record_steps"),
+    ],
+)
+def test_bad_input_is_a_value_error_naming_the_parameter(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
