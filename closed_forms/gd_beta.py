@@ -1,0 +1,658 @@
+"""GD-β, the linear transformer block (LTB) and linear self-attention (LSA) for in-context linear regression.
+
+Paper: R. Zhang, J. Wu, P. L. Bartlett, *In-Context Learning of a Linear Transformer Block: Benefits of the
+MLP Component and One-Step GD Initialization*, NeurIPS 2024, arXiv:2402.14951. Equation and section numbers
+"spec §k" refer to ``shared/theory/gd_beta.md``, which restores the paper's stripped mathematics.
+
+Data (Assumption 3.1): β ~ N(β*, Ψ); x_1..x_N, x_q ~ N(0, H); y_i = <x_i, β> + ε_i, ε ~ N(0, σ²).
+GD-β (5.1): ŷ = x_qᵀ β̂ with β̂ = β₀ − (1/N) Γ Xᵀ(Xβ₀ − y).
+LTB (3.3) in reduced coordinates (spec §2.1): ŷ = x_qᵀ [c + Qᵀ g + q r], with g = Xᵀ(Xa + b y)/N and
+r = yᵀ(Xa + b y)/N. LSA (3.4) is the LTB without the MLP: c = 0.
+
+Conventions (spec §11): context length N; Γ acts as in (5.1) (not transposed); gradient flow on the risk with
+no factor ½; singular H, Ψ handled with pseudo-inverse square roots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from numba import njit
+from scipy.optimize import minimize
+
+from . import validation as check
+from .linalg import numerical_rank, psd_eigh, psd_power, range_basis
+
+__all__ = [
+    "GDBetaProblem",
+    "icl_risk",
+    "excess_risk_parts",
+    "omega",
+    "optimal_gamma",
+    "optimal_risk",
+    "optimal_risk_eigen",
+    "gd0_optimal_risk",
+    "bayes_conditional_excess",
+    "bayes_estimate",
+    "gd_beta_predict",
+    "ltb_forward",
+    "ltb_reduced_coordinates",
+    "ltb_reduced_predict",
+    "readout_moments",
+    "readout_risk",
+    "optimal_readout_risk",
+    "OptimalReadout",
+    "optimal_attention_risk",
+    "beta_curvature",
+    "risk_gradient",
+    "gradient_flow_rhs",
+    "pack_flow_params",
+    "flow_state",
+    "unpack_flow_state",
+    "flow_limit",
+    "LocalRates",
+    "local_rates",
+    "snr",
+    "excess_risk_sandwich",
+    "large_context_ratio_limit",
+]
+
+
+# ==================================================================================================
+# Problem
+# ==================================================================================================
+
+
+@dataclass(frozen=True)
+class GDBetaProblem:
+    """In-context linear regression with a non-zero-mean task prior (Assumption 3.1).
+
+    Parameters
+    ----------
+    H : array_like, shape (d, d)
+        Feature covariance, symmetric PSD (rank-deficient allowed).
+    Psi : array_like, shape (d, d)
+        Task covariance Ψ, symmetric PSD.
+    beta_star : array_like, shape (d,)
+        Task mean β*.
+    sigma2 : float
+        Label-noise variance σ² >= 0.
+    N : int
+        Context length, >= 1.
+    """
+
+    H: np.ndarray
+    Psi: np.ndarray
+    beta_star: np.ndarray
+    sigma2: float
+    N: int
+
+    def __post_init__(self):
+        H = check.symmetric_psd(self.H, "H")
+        d = H.shape[0]
+        if d < 1:
+            raise ValueError("H must be at least 1x1 (d >= 1)")
+        object.__setattr__(self, "H", H)
+        object.__setattr__(self, "Psi", check.symmetric_psd(self.Psi, "Psi", size=d))
+        object.__setattr__(self, "beta_star", check.finite_array(self.beta_star, "beta_star", shape=(d,)))
+        object.__setattr__(self, "sigma2", check.real(self.sigma2, "sigma2", minimum=0.0))
+        object.__setattr__(self, "N", check.integer(self.N, "N", minimum=1))
+
+    # ---- constructors ----------------------------------------------------------------------------
+    @classmethod
+    def isotropic(cls, d: int = 2, N: int = 10, sigma2: float = 0.25, beta_norm: float = 1.0,
+                  psi: float = 1.0, h: float = 1.0) -> "GDBetaProblem":
+        """H = h·I, Ψ = ψ·I, β* = beta_norm · e_1 (spec §6 golden configuration at the defaults)."""
+        d = check.integer(d, "d", minimum=1)
+        beta_star = np.zeros(d)
+        beta_star[0] = check.real(beta_norm, "beta_norm")
+        return cls(H=h * np.eye(d), Psi=psi * np.eye(d), beta_star=beta_star, sigma2=sigma2, N=N)
+
+    @classmethod
+    def random(cls, d: int, N: int, seed, *, sigma2: float = 0.5, beta_norm: float = 1.0,
+               rank_H: int | None = None, rank_Psi: int | None = None) -> "GDBetaProblem":
+        """A random instance: Wishart-like H and Ψ of the given ranks (full by default), β* of the given norm.
+
+        ``seed`` is anything ``numpy.random.default_rng`` accepts (an int or a ``SeedSequence``). Randomness is
+        confined to this constructor; the closed forms themselves are deterministic.
+        """
+        d = check.integer(d, "d", minimum=1)
+        rank_H = d if rank_H is None else check.integer(rank_H, "rank_H", minimum=0)
+        rank_Psi = d if rank_Psi is None else check.integer(rank_Psi, "rank_Psi", minimum=0)
+        if rank_H > d or rank_Psi > d:
+            raise ValueError(f"rank_H and rank_Psi must be <= d = {d}")
+        rng = np.random.default_rng(seed)
+
+        def wishart(rank):
+            factor = rng.normal(size=(d, rank)) / np.sqrt(max(rank, 1))
+            return factor @ factor.T
+
+        direction = rng.normal(size=d)
+        beta_star = beta_norm * direction / np.linalg.norm(direction)
+        return cls(H=wishart(rank_H), Psi=wishart(rank_Psi), beta_star=beta_star, sigma2=sigma2, N=N)
+
+    def replace(self, **changes) -> "GDBetaProblem":
+        fields = dict(H=self.H, Psi=self.Psi, beta_star=self.beta_star, sigma2=self.sigma2, N=self.N)
+        fields.update(changes)
+        return GDBetaProblem(**fields)
+
+    # ---- derived quantities (computed once) --------------------------------------------------------
+    @property
+    def d(self) -> int:
+        return self.H.shape[0]
+
+    @cached_property
+    def H_half(self) -> np.ndarray:
+        """H^{1/2}."""
+        return psd_power(self.H, 0.5)
+
+    @cached_property
+    def H_half_pinv(self) -> np.ndarray:
+        """H^{+1/2} = (H^{1/2})⁺ (spec §4)."""
+        return psd_power(self.H, -0.5)
+
+    @cached_property
+    def Psi_half(self) -> np.ndarray:
+        return psd_power(self.Psi, 0.5)
+
+    @cached_property
+    def Psi_tilde(self) -> np.ndarray:
+        """Whitened task covariance Ψ̃ = H^{1/2} Ψ H^{1/2} (spec §1)."""
+        return self.H_half @ self.Psi @ self.H_half
+
+    @cached_property
+    def psi(self) -> np.ndarray:
+        """Eigenvalues ψ₁ >= … >= ψ_d >= 0 of Ψ̃."""
+        return psd_eigh(self.Psi_tilde)[0][::-1].copy()
+
+    @property
+    def beta_norm_H(self) -> float:
+        """‖β*‖_H = sqrt(β*ᵀ H β*)."""
+        return float(np.sqrt(max(self.beta_star @ self.H @ self.beta_star, 0.0)))
+
+    def require_optimum_defined(self) -> None:
+        """The optimal formulas need Ω invertible: σ² > 0 or tr(HΨ) > 0 (spec §1)."""
+        if self.sigma2 == 0.0 and np.trace(self.Psi_tilde) <= 0.0:
+            raise ValueError("sigma2 must be > 0 when tr(H Psi) = 0: the optimal GD-beta risk is undefined")
+
+
+# ==================================================================================================
+# ICL risk of GD-β and its optimum (spec §3-4)
+# ==================================================================================================
+
+
+def _omega_of(problem: GDBetaProblem, S_tilde: np.ndarray) -> np.ndarray:
+    """Ω(S̃) = (N+1)/N S̃ + (tr S̃ + σ²)/N I (spec §3)."""
+    N = problem.N
+    return (N + 1) / N * S_tilde + (np.trace(S_tilde) + problem.sigma2) / N * np.eye(problem.d)
+
+
+def icl_risk(problem: GDBetaProblem, beta0, Gamma) -> np.ndarray:
+    """Closed-form ICL risk R(β₀, Γ) of GD-β, spec §3 (boxed), any PSD H, Ψ and any Γ.
+
+    R = σ² + tr(HS) − 2 tr(HΓHS) + (N+1)/N tr(ΓᵀHΓ HSH) + (tr(HS) + σ²)/N tr(ΓᵀHΓH),
+    S = Ψ + (β* − β₀)(β* − β₀)ᵀ.
+
+    Parameters
+    ----------
+    beta0 : array_like, shape (..., d)
+    Gamma : array_like, shape (..., d, d)
+        Leading axes broadcast (a whole trajectory at once).
+
+    Returns
+    -------
+    ndarray, shape (...)
+    """
+    H, N, sigma2 = problem.H, problem.N, problem.sigma2
+    beta0 = np.asarray(beta0, dtype=float)
+    Gamma = np.asarray(Gamma, dtype=float)
+    e = problem.beta_star - beta0
+    S = problem.Psi + e[..., :, None] * e[..., None, :]
+    HS = H @ S
+    tr_HS = np.trace(HS, axis1=-2, axis2=-1)
+    HG = H @ Gamma
+    GtHG = np.swapaxes(Gamma, -1, -2) @ HG
+    return (
+        sigma2
+        + tr_HS
+        - 2 * np.trace(HG @ HS, axis1=-2, axis2=-1)
+        + (N + 1) / N * np.trace(GtHG @ HS @ H, axis1=-2, axis2=-1)
+        + (tr_HS + sigma2) / N * np.trace(GtHG @ H, axis1=-2, axis2=-1)
+    )
+
+
+def omega(problem: GDBetaProblem) -> np.ndarray:
+    """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (spec §3, probably the paper's (A.3))."""
+    return _omega_of(problem, problem.Psi_tilde)
+
+
+def optimal_gamma(problem: GDBetaProblem) -> np.ndarray:
+    """Γ* = H^{+1/2} Ψ̃ Ω⁻¹ H^{+1/2}, Theorem 5.2 eq. (5.3); symmetric PSD. Together with β₀* = β*."""
+    problem.require_optimum_defined()
+    gamma_tilde = problem.Psi_tilde @ np.linalg.inv(omega(problem))
+    Gamma = problem.H_half_pinv @ gamma_tilde @ problem.H_half_pinv
+    return (Gamma + Gamma.T) / 2
+
+
+def optimal_risk(problem: GDBetaProblem) -> float:
+    """R* = σ² + tr Ψ̃ − tr(Ψ̃ Ω⁻¹ Ψ̃), Theorem 5.2 eq. (5.2), matrix form."""
+    problem.require_optimum_defined()
+    Pt = problem.Psi_tilde
+    return float(problem.sigma2 + np.trace(Pt) - np.trace(Pt @ np.linalg.solve(omega(problem), Pt)))
+
+
+def optimal_risk_eigen(problem: GDBetaProblem) -> float:
+    """R* = σ² + Σᵢ ψᵢ(ψᵢ + s) / ((N+1)ψᵢ + s), s = tr Ψ̃ + σ², eq. (5.2), eigenvalue form."""
+    problem.require_optimum_defined()
+    psi, N = problem.psi, problem.N
+    s = psi.sum() + problem.sigma2
+    return float(problem.sigma2 + np.sum(psi * (psi + s) / ((N + 1) * psi + s)))
+
+
+def excess_risk_parts(problem: GDBetaProblem, beta0, Gamma) -> tuple[float, float]:
+    """The two terms of R − R* (Corollary G.1, spec §3): (μ̃ᵀA(Γ̃)μ̃, ‖(Γ̃ − Γ̃*)Ω^{1/2}‖²_F).
+
+    The first is the only place β₀ enters; for fixed Γ it is a strongly convex quadratic in H^{1/2}β₀.
+    """
+    problem.require_optimum_defined()
+    d, N = problem.d, problem.N
+    Hh = problem.H_half
+    mu = Hh @ (problem.beta_star - np.asarray(beta0, dtype=float))
+    Gt = Hh @ np.asarray(Gamma, dtype=float) @ Hh
+    Om = omega(problem)
+    I_minus = np.eye(d) - Gt
+    A = I_minus.T @ I_minus + Gt.T @ Gt / N + np.sum(Gt * Gt) / N * np.eye(d)
+    diff = Gt - problem.Psi_tilde @ np.linalg.inv(Om)
+    return float(mu @ A @ mu), float(np.trace(diff @ Om @ diff.T))
+
+
+def gd0_optimal_risk(problem: GDBetaProblem) -> float:
+    """Optimal GD-0 risk (β₀ fixed at 0): the upper end of the LSA sandwich, spec §6.
+
+    R*_GD0 = σ² + tr S̃₀ − tr(S̃₀ Ω(S̃₀)⁻¹ S̃₀), S̃₀ = H^{1/2}(Ψ + β*β*ᵀ)H^{1/2}.
+    """
+    problem.require_optimum_defined()
+    S0 = problem.H_half @ (problem.Psi + np.outer(problem.beta_star, problem.beta_star)) @ problem.H_half
+    return float(problem.sigma2 + np.trace(S0) - np.trace(S0 @ np.linalg.solve(_omega_of(problem, S0), S0)))
+
+
+# ==================================================================================================
+# Bayes (Lemma 6.1, spec §7)
+# ==================================================================================================
+
+
+def bayes_estimate(problem: GDBetaProblem, X, y) -> np.ndarray:
+    """Posterior mean β̂ = β* + ΨXᵀ(XΨXᵀ + σ²I)⁺(y − Xβ*) (Lemma 6.1; pseudo-inverse covers σ² = 0).
+
+    X : shape (..., N, d); y : shape (..., N). Returns shape (..., d).
+    """
+    X = np.asarray(X, dtype=float)
+    resid = np.asarray(y, dtype=float) - X @ problem.beta_star
+    Xt = np.swapaxes(X, -1, -2)
+    gram = X @ problem.Psi @ Xt + problem.sigma2 * np.eye(X.shape[-2])
+    weights = np.linalg.pinv(gram, hermitian=True) @ resid[..., None]
+    return problem.beta_star + (problem.Psi @ Xt @ weights)[..., 0]
+
+
+def bayes_conditional_excess(problem: GDBetaProblem, X) -> np.ndarray:
+    """E[excess risk | X] of the posterior mean, spec §7: tr(Σ (I + X̃ᵀX̃/σ²)⁻¹), X̃ = XΨ^{1/2}.
+
+    Averaging this over X ~ N(0, H)^N gives R_Bayes − σ² with far smaller variance than sampling whole
+    prompts. For σ² = 0 it is tr(Σ P⊥) with P⊥ the projector on the null space of X̃ (spec §11.10).
+    X : shape (n, N, d). Returns shape (n,).
+    """
+    X = np.asarray(X, dtype=float)
+    Ph = problem.Psi_half
+    Sigma = Ph @ problem.H @ Ph
+    Xt = X @ Ph
+    G = np.swapaxes(Xt, -1, -2) @ Xt
+    if problem.sigma2 > 0:
+        M = np.linalg.inv(np.eye(problem.d) + G / problem.sigma2)
+    else:
+        M = np.eye(problem.d) - np.linalg.pinv(G, hermitian=True) @ G
+    return np.einsum("ij,nji->n", Sigma, M)
+
+
+# ==================================================================================================
+# Predictors (the models as functions of a prompt)
+# ==================================================================================================
+
+
+def gd_beta_predict(X, y, x_query, beta0, Gamma) -> np.ndarray:
+    """GD-β prediction (5.1): x_qᵀ[β₀ − (1/N)ΓXᵀ(Xβ₀ − y)]. X (..., N, d), y (..., N), x_query (..., d)."""
+    X = np.asarray(X, dtype=float)
+    N = X.shape[-2]
+    grad = np.einsum("...nd,...n->...d", X, X @ beta0 - y) / N
+    beta_hat = beta0 - grad @ np.asarray(Gamma).T
+    return np.einsum("...d,...d->...", x_query, beta_hat)
+
+
+def ltb_forward(E, U, V, K, *, mlp: bool = True) -> np.ndarray:
+    """Full LTB forward pass (3.3) on token matrices: the bottom-right entry of
+    (I + U)(E + (1/N) V E M Eᵀ K E), with U = W₂ᵀW₁, V = W^P W^V, K = W^{K⊤}W^Q and mask M = diag(I_N, 0).
+
+    ``mlp=False`` gives LSA (3.4) (U = 0). E : shape (..., d+1, N+1). Returns shape (...).
+    """
+    E = np.asarray(E, dtype=float)
+    N = E.shape[-1] - 1
+    context = E[..., :, :N]
+    attention = V @ (context @ np.swapaxes(context, -1, -2)) @ K @ E / N
+    Z = E + attention
+    if mlp:
+        Z = (np.eye(E.shape[-2]) + U) @ Z
+    return Z[..., -1, -1]
+
+
+def ltb_reduced_coordinates(U, V, K, *, mlp: bool = True):
+    """(c, a, b, Q, q) of spec §2.1: what of (U, V, K) reaches the output.
+
+    c: first d entries of the last row of I + U (0 without MLP); (aᵀ, b): last row of (I + U)V;
+    (Q; qᵀ): the first d columns of K.
+    """
+    D = np.shape(K)[0]
+    d = D - 1
+    IU = np.eye(D) + (U if mlp else 0.0)
+    c = IU[-1, :d] if mlp else np.zeros(d)
+    row = (IU @ V)[-1]
+    return c, row[:d], row[d], K[:d, :d], K[d, :d]
+
+
+def ltb_reduced_predict(X, y, x_query, c, a, b, Q, q) -> np.ndarray:
+    """Reduced LTB prediction x_qᵀ[c + Qᵀg + q r], g = Xᵀ(Xa + by)/N, r = yᵀ(Xa + by)/N (spec §2.1)."""
+    X = np.asarray(X, dtype=float)
+    N = X.shape[-2]
+    v = X @ a + b * y
+    g = np.einsum("...nd,...n->...d", X, v) / N
+    r = np.einsum("...n,...n->...", y, v) / N
+    return np.einsum("...d,...d->...", x_query, c + g @ Q + q * r[..., None])
+
+
+# ==================================================================================================
+# Exact LSA / LTB risk for a linear read-out of φ = (1; g; r) (spec §6)
+# ==================================================================================================
+
+
+def _quadratic_product_mean(Psi, A1, v1, c1, A2, v2, c2) -> float:
+    """E[(ξᵀA₁ξ + v₁ᵀξ + c₁)(ξᵀA₂ξ + v₂ᵀξ + c₂)] for ξ ~ N(0, Ψ), A₁, A₂ symmetric (spec §6)."""
+    t1, t2 = np.trace(A1 @ Psi), np.trace(A2 @ Psi)
+    return float(t1 * t2 + 2 * np.trace(A1 @ Psi @ A2 @ Psi) + c1 * t2 + c2 * t1 + v1 @ Psi @ v2 + c1 * c2)
+
+
+def readout_moments(problem: GDBetaProblem, a, b: float, *, constant: bool):
+    """Closed-form moments of the feature φ that an LSA/LTB reads out linearly (spec §6).
+
+    φ = (g; r) for LSA and (1; g; r) for LTB (``constant=True``), with g = Xᵀ(Xa + by)/N, r = yᵀ(Xa + by)/N.
+
+    Returns
+    -------
+    P : ndarray, shape (p, p)   E[φφᵀ]
+    C : ndarray, shape (d, p)   E[βφᵀ]
+    Xi : ndarray, shape (d, d)  E[ββᵀ] = Ψ + β*β*ᵀ
+    """
+    H, Psi, bs, N, s2 = problem.H, problem.Psi, problem.beta_star, problem.N, problem.sigma2
+    a = np.asarray(a, dtype=float)
+    b = float(b)
+    d = problem.d
+    Xi = Psi + np.outer(bs, bs)
+    w0 = a + b * bs
+    S_w = np.outer(w0, w0) + b * b * Psi
+    t_psi = float(np.trace(H @ Psi))
+    a2b = a + 2 * b * bs
+
+    E_g = H @ w0
+    E_r = w0 @ H @ bs + b * (t_psi + s2)
+    E_beta_g = np.outer(bs, a) @ H + b * Xi @ H
+    E_beta_r = Xi @ H @ a + b * (bs * (bs @ H @ bs + t_psi + s2) + 2 * Psi @ H @ bs)
+    E_gg = (N + 1) / N * H @ S_w @ H + (np.trace(H @ S_w) + b * b * s2) / N * H
+    E_gr = (
+        (N + 1) / N * H @ (w0 * (w0 @ H @ bs) + b * t_psi * w0 + b * Psi @ H @ w0 + b * b * Psi @ H @ bs)
+        + H @ ((w0 @ H @ w0 + b * b * t_psi) * bs + 2 * b * Psi @ H @ w0) / N
+        + b * s2 / N * H @ a2b
+        + b * s2 * H @ w0
+    )
+    # Products of Gaussian quadratic forms in ξ = β − β*: w = a + bβ.
+    wHbeta = (b * H, H @ (w0 + b * bs), w0 @ H @ bs)
+    wHw = (b * b * H, 2 * b * H @ w0, w0 @ H @ w0)
+    betaHbeta = (H, 2 * H @ bs, bs @ H @ bs)
+    E_r2 = (
+        (N + 1) / N * _quadratic_product_mean(Psi, *wHbeta, *wHbeta)
+        + _quadratic_product_mean(Psi, *wHw, *betaHbeta) / N
+        + s2 / N * (a2b @ H @ a2b + 4 * b * b * t_psi)
+        + b * b * s2 * s2 * (1 + 2 / N)
+        + 2 * b * s2 * (b * t_psi + w0 @ H @ bs)
+    )
+    P = np.empty((d + 1, d + 1))
+    P[:d, :d] = E_gg
+    P[:d, d] = P[d, :d] = E_gr
+    P[d, d] = E_r2
+    C = np.column_stack([E_beta_g, E_beta_r])
+    if constant:
+        mean = np.append(E_g, E_r)
+        P = np.block([[np.ones((1, 1)), mean[None, :]], [mean[:, None], P]])
+        C = np.column_stack([bs, C])
+    return (P + P.T) / 2, C, Xi
+
+
+def readout_risk(problem: GDBetaProblem, a, b: float, W, *, constant: bool) -> float:
+    """Exact risk of the read-out ŷ = x_qᵀ W φ: σ² + tr(H(Ξ − WCᵀ − CWᵀ + WPWᵀ)) (spec §6).
+
+    W : shape (d, d+2) = [c, Qᵀ, q] for LTB (``constant=True``) or (d, d+1) = [Qᵀ, q] for LSA.
+    """
+    P, C, Xi = readout_moments(problem, a, b, constant=constant)
+    W = np.asarray(W, dtype=float)
+    return float(problem.sigma2 + np.trace(problem.H @ (Xi - W @ C.T - C @ W.T + W @ P @ W.T)))
+
+
+def optimal_readout_risk(problem: GDBetaProblem, a, b: float, *, constant: bool) -> tuple[float, np.ndarray]:
+    """min over W of the read-out risk for fixed value direction (a, b): σ² + tr(H(Ξ − CP⁺Cᵀ)); and the W."""
+    P, C, Xi = readout_moments(problem, a, b, constant=constant)
+    W = C @ np.linalg.pinv(P, rcond=1e-12, hermitian=True)
+    return float(problem.sigma2 + np.trace(problem.H @ (Xi - W @ C.T))), W
+
+
+@dataclass(frozen=True)
+class OptimalReadout:
+    """The infimum of a model class's risk and a parameter attaining it: value direction (a, b), read-out W."""
+
+    risk: float
+    a: np.ndarray
+    b: float
+    W: np.ndarray
+
+
+def _sphere_starts(problem: GDBetaProblem) -> list[np.ndarray]:
+    """Deterministic starting directions on S^d: GD-β's (−β*, 1), GD-0's (0, 1), ±coordinate axes and a
+    golden-ratio (Kronecker) sequence; no random module in closed_forms."""
+    d = problem.d
+    starts = [np.append(-problem.beta_star, 1.0), np.append(np.zeros(d), 1.0)]
+    for i in range(d + 1):
+        for sign in (1.0, -1.0):
+            axis = np.zeros(d + 1)
+            axis[i] = sign
+            starts.append(axis)
+    alphas = np.mod(np.sqrt(np.arange(2, 2 + d + 1) + 0.5), 1.0)
+    for k in range(1, 7):
+        starts.append(np.tan(np.pi * (np.mod(k * alphas, 1.0) - 0.5)))
+    return starts
+
+
+def optimal_attention_risk(problem: GDBetaProblem, *, mlp: bool, xatol: float = 1e-10) -> OptimalReadout:
+    """inf over the LTB (``mlp=True``) or LSA (``mlp=False``) of the ICL risk, spec §6 (boxed).
+
+    For a fixed value direction (a, b) the prediction is linear in the read-out, so the read-out is optimised
+    in closed form and only (a, b) ∈ S^d remains: a smooth non-convex problem in d+1 dimensions, minimised by
+    Nelder–Mead from deterministic starts (spec: ~10 starts suffice for d <= 3). Theorem 5.3 says the LTB
+    value equals R* (optimal GD-β); Theorem 4.1 that LSA's exceeds it when β* ≠ 0.
+    """
+    problem.require_optimum_defined()
+    d = problem.d
+
+    def objective(direction):
+        norm = np.linalg.norm(direction)
+        if norm == 0 or not np.isfinite(norm):
+            return np.inf
+        u = direction / norm
+        return optimal_readout_risk(problem, u[:d], u[d], constant=mlp)[0]
+
+    best = None
+    for start in _sphere_starts(problem):
+        result = minimize(objective, start / np.linalg.norm(start), method="Nelder-Mead",
+                          options=dict(xatol=xatol, fatol=1e-14, maxiter=4000 * (d + 1)))
+        if best is None or result.fun < best.fun:
+            best = result
+    u = best.x / np.linalg.norm(best.x)
+    risk, W = optimal_readout_risk(problem, u[:d], u[d], constant=mlp)
+    return OptimalReadout(risk=risk, a=u[:d], b=float(u[d]), W=W)
+
+
+# ==================================================================================================
+# Gradient flow on (β₀, Γ) (Lemma G.2, Theorem 6.3; spec §9)
+# ==================================================================================================
+
+
+def beta_curvature(problem: GDBetaProblem, Gamma) -> np.ndarray:
+    """B(Γ) = (I − HΓᵀ)H(I − ΓH) + (1/N)HΓᵀHΓH + (1/N)tr(ΓᵀHΓH) H (spec §3): for fixed Γ the risk is
+    (β₀ − β*)ᵀB(Γ)(β₀ − β*) plus terms free of β₀, and B(Γ) ⪰ H/(N+1)."""
+    H, N = problem.H, problem.N
+    Gamma = np.asarray(Gamma, float)
+    GH = Gamma @ H
+    M = np.eye(problem.d) - GH
+    return M.T @ H @ M + GH.T @ H @ GH / N + np.trace(Gamma.T @ H @ GH) / N * H
+
+
+def risk_gradient(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
+    """(∇_{β₀} R, ∇_Γ R) in closed form (G.4, G.5): (2B(Γ)(β₀ − β*), −2HSH + 2HΓ[(N+1)/N HSH + (tr HS + σ²)/N H])."""
+    dbeta, dGamma = _flow_field(np.asarray(beta0, float), np.asarray(Gamma, float), problem.H, problem.Psi,
+                                problem.beta_star, problem.sigma2, float(problem.N))
+    return -dbeta, -dGamma
+
+
+@njit(cache=True)
+def _flow_field(beta0, Gamma, H, Psi, beta_star, sigma2, N):
+    """−∇R at (β₀, Γ), spec §9 (boxed):
+    β̇₀ = −2B(Γ)(β₀ − β*), B(Γ) = (I − HΓᵀ)H(I − ΓH) + (1/N)HΓᵀHΓH + (1/N)tr(ΓᵀHΓH) H,
+    Γ̇ = 2HSH − 2HΓ[(N+1)/N HSH + (tr(HS) + σ²)/N H],  S = Ψ + (β₀ − β*)(β₀ − β*)ᵀ.
+    """
+    d = beta0.size
+    e = beta0 - beta_star
+    S = Psi + np.outer(e, e)
+    HSH = H @ S @ H
+    tr_HS = np.trace(H @ S)
+    GH = Gamma @ H
+    M = np.eye(d) - GH
+    HGH = H @ GH
+    tr_GtHGH = np.sum(Gamma * HGH)  # tr(ΓᵀHΓH) = <Γ, HΓH>_F
+    B = M.T @ H @ M + GH.T @ HGH / N + tr_GtHGH / N * H
+    dbeta = -2.0 * (B @ e)
+    dGamma = 2.0 * HSH - 2.0 * (H @ Gamma) @ ((N + 1.0) / N * HSH + (tr_HS + sigma2) / N * H)
+    return dbeta, dGamma
+
+
+@njit(cache=True)
+def gradient_flow_rhs(t, y, params):
+    """Right-hand side of the gradient flow (6.1)/(G.2) for the integrator engine.
+
+    y = (β₀, vec Γ) of size d + d² (Γ row-major); ``params`` from :func:`pack_flow_params`.
+    """
+    d = int(params[0])
+    N = params[1]
+    sigma2 = params[2]
+    H = params[3:3 + d * d].copy().reshape((d, d))
+    Psi = params[3 + d * d:3 + 2 * d * d].copy().reshape((d, d))
+    beta_star = params[3 + 2 * d * d:3 + 2 * d * d + d].copy()
+    beta0 = y[:d].copy()
+    Gamma = y[d:].copy().reshape((d, d))
+    dbeta, dGamma = _flow_field(beta0, Gamma, H, Psi, beta_star, sigma2, N)
+    out = np.empty(d + d * d)
+    out[:d] = dbeta
+    out[d:] = dGamma.ravel()
+    return out
+
+
+def pack_flow_params(problem: GDBetaProblem) -> np.ndarray:
+    """Flat parameter array for :func:`gradient_flow_rhs`: (d, N, σ², vec H, vec Ψ, β*)."""
+    return np.concatenate([[problem.d, problem.N, problem.sigma2], problem.H.ravel(), problem.Psi.ravel(),
+                           problem.beta_star])
+
+
+def flow_state(beta0, Gamma) -> np.ndarray:
+    """(β₀, Γ) -> flat state (β₀, vec Γ)."""
+    return np.concatenate([np.asarray(beta0, float).ravel(), np.asarray(Gamma, float).ravel()])
+
+
+def unpack_flow_state(y, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat state(s) of shape (..., d + d²) -> β₀ (..., d), Γ (..., d, d)."""
+    y = np.asarray(y, float)
+    return y[..., :d], y[..., d:].reshape(y.shape[:-1] + (d, d))
+
+
+def flow_limit(problem: GDBetaProblem, beta0_init, Gamma_init) -> tuple[np.ndarray, np.ndarray]:
+    """Limit of the flow, Theorem 6.3 (spec §9): the null-space parts never move,
+    β₀(∞) = P_R β* + P_N β₀(0), Γ(∞) = Γ* + (Γ(0) − P_R Γ(0) P_R), with P_R the projector on range(H)."""
+    basis = range_basis(problem.H)
+    P_R = basis @ basis.T
+    P_N = np.eye(problem.d) - P_R
+    G0 = np.asarray(Gamma_init, float)
+    return P_R @ problem.beta_star + P_N @ np.asarray(beta0_init, float), optimal_gamma(problem) + G0 - P_R @ G0 @ P_R
+
+
+@dataclass(frozen=True)
+class LocalRates:
+    """Exponential rates of the gradient flow (spec §9 "Rates", ours, verified).
+
+    beta : exact local rate of ‖β₀ − β*‖, 2 λ_min⁺(B(Γ*)) on range(H).
+    gamma_mode : exact local rate of the Γ block, 2 λ₊(H) λ₊(H^{1/2}ΩH^{1/2}).
+    gamma_tail : observed tail rate of ‖Γ − Γ*‖_F, min(gamma_mode, 2·beta): β₀'s error drives Γ at second order.
+    beta_uniform : rate of the bound ‖P_R(β₀(t) − β*)‖² <= exp(−beta_uniform·t)‖P_R(β₀(0) − β*)‖², 4λ₊/(N+1),
+        valid along the whole path from any start.
+    """
+
+    beta: float
+    gamma_mode: float
+    gamma_tail: float
+    beta_uniform: float
+
+
+def local_rates(problem: GDBetaProblem) -> LocalRates:
+    problem.require_optimum_defined()
+    basis = range_basis(problem.H)
+    if basis.shape[1] == 0:
+        raise ValueError("H must be non-zero for the gradient flow to move")
+    B = beta_curvature(problem, optimal_gamma(problem))
+    B_range = basis.T @ ((B + B.T) / 2) @ basis
+    rate_beta = 2 * float(np.linalg.eigvalsh(B_range).min())
+    H_range = np.linalg.eigvalsh(basis.T @ problem.H @ basis)
+    K = problem.H_half @ omega(problem) @ problem.H_half
+    K_range = np.linalg.eigvalsh(basis.T @ K @ basis)
+    rate_gamma = 2 * float(H_range.min() * K_range.min())
+    return LocalRates(beta=rate_beta, gamma_mode=rate_gamma, gamma_tail=min(rate_gamma, 2 * rate_beta),
+                      beta_uniform=4 * float(H_range.min()) / (problem.N + 1))
+
+
+# ==================================================================================================
+# Corollary 6.2: GD-β vs Bayes (spec §8)
+# ==================================================================================================
+
+
+def snr(problem: GDBetaProblem) -> float:
+    """Signal-to-noise ratio tr(HΨ)/σ² (inf when σ² = 0)."""
+    t = float(np.trace(problem.Psi_tilde))
+    return np.inf if problem.sigma2 == 0 else t / problem.sigma2
+
+
+def excess_risk_sandwich(problem: GDBetaProblem) -> tuple[float, float]:
+    """Explicit constants for Corollary 6.2 (spec §8, ours), with κ = SNR:
+    ½ Σ min(ψᵢ, σ²/(N+1)) <= R* − σ² <= 2(1 + κ) Σ min(ψᵢ, σ²/N)."""
+    psi, N, s2 = problem.psi, problem.N, problem.sigma2
+    lower = 0.5 * np.minimum(psi, s2 / (N + 1)).sum()
+    upper = 2 * (1 + snr(problem)) * np.minimum(psi, s2 / N).sum()
+    return float(lower), float(upper)
+
+
+def large_context_ratio_limit(problem: GDBetaProblem) -> float:
+    """lim_{N→∞} (R* − σ²)/(R_Bayes − σ²) = 1 + (r+1)/r · SNR, r = rank Ψ̃ (spec §8; r = d there)."""
+    r = numerical_rank(problem.Psi_tilde)
+    if r == 0:
+        raise ValueError("Psi must satisfy tr(H Psi) > 0 for the GD-beta/Bayes ratio")
+    return 1 + (r + 1) / r * snr(problem)

@@ -1,0 +1,414 @@
+"""GD-β / LTB / LSA numerics: prompt sampling, Monte-Carlo risks, minibatch training and the gradient flow.
+
+The mathematics lives in :mod:`closed_forms.gd_beta`; this module draws data and runs algorithms.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from closed_forms import gd_beta as cf
+from closed_forms.gd_beta import GDBetaProblem
+from closed_forms import validation as check
+
+from .integrate import dopri5_loop, solve_dopri5
+from .montecarlo import MonteCarloMean, SeedLike, Trajectory, generators, monte_carlo_mean, seed_sequence
+
+__all__ = [
+    "Prompts",
+    "sample_prompts",
+    "token_matrices",
+    "monte_carlo_risk",
+    "bayes_risk",
+    "population_trajectory",
+    "MODELS",
+    "minibatch_trajectory",
+]
+
+
+# ==================================================================================================
+# Sampling (Assumption 3.1)
+# ==================================================================================================
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """A batch of n prompts: X (n, N, d), y (n, N), x_query (n, d), y_query (n,), beta (n, d)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    x_query: np.ndarray
+    y_query: np.ndarray
+    beta: np.ndarray
+
+
+def sample_prompts(problem: GDBetaProblem, n: int, rng: np.random.Generator) -> Prompts:
+    """n i.i.d. prompts: β = β* + Ψ^{1/2}θ, x = H^{1/2}z, y = <x, β> + ε (works for singular H, Ψ)."""
+    d, N = problem.d, problem.N
+    beta = problem.beta_star + rng.standard_normal((n, d)) @ problem.Psi_half
+    features = rng.standard_normal((n, N + 1, d)) @ problem.H_half
+    noise = np.sqrt(problem.sigma2) * rng.standard_normal((n, N + 1))
+    labels = np.einsum("nkd,nd->nk", features, beta) + noise
+    # Contiguous copies: the numba kernels index them row by row.
+    c = np.ascontiguousarray
+    return Prompts(X=c(features[:, :N]), y=c(labels[:, :N]), x_query=c(features[:, N]), y_query=c(labels[:, N]),
+                   beta=beta)
+
+
+def token_matrices(prompts: Prompts) -> np.ndarray:
+    """Token matrices E (3.1), shape (n, d+1, N+1): columns (x_i; y_i) and the query (x_q; 0)."""
+    n, N, d = prompts.X.shape
+    E = np.zeros((n, d + 1, N + 1))
+    E[:, :d, :N] = np.swapaxes(prompts.X, 1, 2)
+    E[:, d, :N] = prompts.y
+    E[:, :d, N] = prompts.x_query
+    return E
+
+
+def monte_carlo_risk(problem: GDBetaProblem, predict, n: int, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
+    """Brute-force ICL risk E(f(E) − y_q)² (3.5) of ``predict(prompts) -> (m,)`` over n fresh prompts."""
+
+    def squared_errors(rng, m):
+        prompts = sample_prompts(problem, m, rng)
+        return (predict(prompts) - prompts.y_query) ** 2
+
+    return monte_carlo_mean(squared_errors, n, seed, chunk)
+
+
+def bayes_risk(problem: GDBetaProblem, n_contexts: int, seed: SeedLike, chunk: int = 20_000) -> MonteCarloMean:
+    """Bayes risk σ² + E_X tr(Σ(I + X̃ᵀX̃/σ²)⁻¹) (Lemma 6.1, spec §7), averaging over contexts X only.
+
+    The conditional expectation over β, ε, x_q is exact, so the standard error is small (spec: 4·10⁴
+    contexts give ~10⁻³ relative).
+    """
+    d, N = problem.d, problem.N
+
+    def conditional(rng, m):
+        X = rng.standard_normal((m, N, d)) @ problem.H_half
+        return problem.sigma2 + cf.bayes_conditional_excess(problem, X)
+
+    return monte_carlo_mean(conditional, n_contexts, seed, chunk)
+
+
+# ==================================================================================================
+# Gradient flow on (β₀, Γ), Theorem 6.3
+# ==================================================================================================
+
+
+@njit(cache=True)
+def _flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    return dopri5_loop(cf.gradient_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+
+
+def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_end: float | None = None,
+                          n_points: int = 200, rtol: float = 1e-10, atol: float = 1e-13) -> Trajectory:
+    """Gradient flow (6.1) on the population risk from (β₀, Γ) (default (0, 0): GD-0 with zero step).
+
+    ``t_end`` defaults to 30 / (slowest local rate) (spec §10: long enough to converge to ~1e-8). Output at
+    ``n_points`` times, log-spaced after t = 0 so both the transient and the exponential tail are resolved.
+
+    Metrics: ``risk`` (closed form), ``excess_risk`` (R − R*), ``beta_error`` ‖β₀ − β₀(∞)‖ and
+    ``gamma_error`` ‖Γ − Γ(∞)‖_F (the limits of Theorem 6.3, null-space parts included).
+    """
+    d = problem.d
+    beta0 = np.zeros(d) if beta0 is None else check.finite_array(beta0, "beta0", shape=(d,))
+    Gamma = np.zeros((d, d)) if Gamma is None else check.finite_array(Gamma, "Gamma", shape=(d, d))
+    rates = cf.local_rates(problem)
+    if t_end is None:
+        t_end = 30.0 / min(rates.beta, rates.gamma_tail)
+    t_end = check.real(t_end, "t_end", minimum=0.0, strict=True)
+    n_points = check.integer(n_points, "n_points", minimum=2)
+    times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
+    sol = solve_dopri5(cf.gradient_flow_rhs, cf.flow_state(beta0, Gamma), times, cf.pack_flow_params(problem),
+                       rtol=rtol, atol=atol, loop=_flow_dopri5)
+    betas, Gammas = cf.unpack_flow_state(sol.y, d)
+    beta_inf, Gamma_inf = cf.flow_limit(problem, beta0, Gamma)
+    risk = cf.icl_risk(problem, betas, Gammas)
+    return Trajectory(
+        times=times,
+        states=dict(beta0=betas, Gamma=Gammas),
+        metrics=dict(
+            risk=risk,
+            excess_risk=risk - cf.optimal_risk(problem),
+            beta_error=np.linalg.norm(betas - beta_inf, axis=-1),
+            gamma_error=np.linalg.norm(Gammas - Gamma_inf, axis=(-2, -1)),
+        ),
+        info=dict(rates=rates, n_rhs_evals=sol.n_rhs_evals, n_steps=sol.n_steps, limit=(beta_inf, Gamma_inf)),
+    )
+
+
+# ==================================================================================================
+# Minibatch training on freshly sampled prompts
+# ==================================================================================================
+
+
+@njit(cache=True)
+def _gd_beta_batch_gradient(X, y, x_query, y_query, beta0, Gamma):
+    """Mean squared loss of GD-β (5.1) on a batch and its gradient in (β₀, Γ).
+
+    ŷ = x_qᵀβ₀ + x_qᵀΓg₀ with g₀ = Xᵀ(y − Xβ₀)/N, so ∂ŷ/∂β₀ = x_q − ĤΓᵀx_q (Ĥ = XᵀX/N), ∂ŷ/∂Γ = x_q g₀ᵀ.
+    Scalar loops, no temporaries: the batch is the hot path.
+    """
+    n, N, d = X.shape
+    loss = 0.0
+    g_beta = np.zeros(d)
+    g_Gamma = np.zeros((d, d))
+    g0 = np.empty(d)
+    Gt_xq = np.empty(d)
+    for i in range(n):
+        g0[:] = 0.0
+        for k in range(N):
+            r = y[i, k]
+            for j in range(d):
+                r -= X[i, k, j] * beta0[j]
+            for j in range(d):
+                g0[j] += X[i, k, j] * r / N
+        prediction = 0.0
+        for j in range(d):
+            acc = 0.0
+            for l in range(d):
+                acc += Gamma[j, l] * g0[l]
+            prediction += x_query[i, j] * (beta0[j] + acc)
+        residual = prediction - y_query[i]
+        loss += residual * residual
+        weight = 2.0 * residual / n
+        for l in range(d):
+            acc = 0.0
+            for j in range(d):
+                acc += Gamma[j, l] * x_query[i, j]
+            Gt_xq[l] = acc
+        for j in range(d):
+            g_beta[j] += weight * x_query[i, j]
+            for l in range(d):
+                g_Gamma[j, l] += weight * x_query[i, j] * g0[l]
+        for k in range(N):
+            s = 0.0
+            for l in range(d):
+                s += X[i, k, l] * Gt_xq[l]
+            for j in range(d):
+                g_beta[j] -= weight * X[i, k, j] * s / N
+    return loss / n, g_beta, g_Gamma
+
+
+@njit(cache=True)
+def _ltb_batch_gradient(X, y, x_query, y_query, U, V, K, mlp):
+    """Mean squared loss of the LTB (3.3) (LSA (3.4) when ``mlp`` is False) and its gradient in the products
+    U = W₂ᵀW₁, V = W^PW^V, K = W^{K⊤}W^Q.
+
+    Per prompt, with G = Σ_i z_i z_iᵀ (z_i = (x_i; y_i)) and e_q = (x_q; 0): z_q = e_q + V G K e_q / N and
+    ŷ = u·z_q with u = e_{d+1} + (last row of U). Then ∂ŷ/∂U[last] = z_q, ∂ŷ/∂V = u (GKe_q)ᵀ/N and
+    ∂ŷ/∂K = (G Vᵀu) e_qᵀ/N. Scalar loops, no temporaries: the batch is the hot path.
+    """
+    n, N, d = X.shape
+    D = d + 1
+    loss = 0.0
+    gU = np.zeros((D, D))
+    gV = np.zeros((D, D))
+    gK = np.zeros((D, D))
+    u = np.zeros(D)
+    u[d] = 1.0
+    if mlp:
+        for j in range(D):
+            u[j] += U[d, j]
+    Vt_u = V.T @ u
+    G = np.empty((D, D))
+    z = np.empty(D)
+    Keq = np.empty(D)
+    m = np.empty(D)
+    zq = np.empty(D)
+    G_Vt_u = np.empty(D)
+    for i in range(n):
+        G[:, :] = 0.0
+        for k in range(N):
+            for j in range(d):
+                z[j] = X[i, k, j]
+            z[d] = y[i, k]
+            for j in range(D):
+                for l in range(j + 1):
+                    G[j, l] += z[j] * z[l]
+        for j in range(D):
+            for l in range(j):
+                G[l, j] = G[j, l]
+        for j in range(D):
+            acc = 0.0
+            for l in range(d):
+                acc += K[j, l] * x_query[i, l]
+            Keq[j] = acc
+        for j in range(D):
+            acc = 0.0
+            acc2 = 0.0
+            for l in range(D):
+                acc += G[j, l] * Keq[l]
+                acc2 += G[j, l] * Vt_u[l]
+            m[j] = acc
+            G_Vt_u[j] = acc2
+        prediction = 0.0
+        for j in range(D):
+            acc = x_query[i, j] if j < d else 0.0
+            for l in range(D):
+                acc += V[j, l] * m[l] / N
+            zq[j] = acc
+            prediction += u[j] * acc
+        residual = prediction - y_query[i]
+        loss += residual * residual
+        weight = 2.0 * residual / n
+        for j in range(D):
+            if mlp:
+                gU[d, j] += weight * zq[j]
+            for l in range(D):
+                gV[j, l] += weight / N * u[j] * m[l]
+            for l in range(d):
+                gK[j, l] += weight / N * G_Vt_u[j] * x_query[i, l]
+    return loss / n, gU, gV, gK
+
+
+class _Adam:
+    """Adam (Kingma & Ba 2015) on a list of arrays, with a cosine learning-rate decay to ``lr * final_fraction``."""
+
+    def __init__(self, params, lr, steps, final_fraction=0.01, beta1=0.9, beta2=0.999, eps=1e-8):
+        self.params, self.lr, self.steps, self.final = params, lr, steps, final_fraction
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+        self.k = 0
+
+    def step(self, grads):
+        self.k += 1
+        progress = min(self.k / self.steps, 1.0)
+        lr = self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
+        c1, c2 = 1 - self.beta1**self.k, 1 - self.beta2**self.k
+        for p, g, m, v in zip(self.params, grads, self.m, self.v):
+            m *= self.beta1
+            m += (1 - self.beta1) * g
+            v *= self.beta2
+            v += (1 - self.beta2) * g * g
+            p -= lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+
+
+class _SGD(_Adam):
+    """Plain SGD with the same cosine decay."""
+
+    def step(self, grads):
+        self.k += 1
+        progress = min(self.k / self.steps, 1.0)
+        lr = self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
+        for p, g in zip(self.params, grads):
+            p -= lr * g
+
+
+class _GDBetaModel:
+    """GD-β (5.1) with parameters (β₀, Γ), initialised at (0, 0)."""
+
+    def __init__(self, problem, rng, init_scale, width):
+        self.problem = problem
+        self.params = [np.zeros(problem.d), np.zeros((problem.d, problem.d))]
+
+    def gradient(self, batch: Prompts):
+        loss, gb, gG = _gd_beta_batch_gradient(batch.X, batch.y, batch.x_query, batch.y_query, *self.params)
+        return loss, [gb, gG]
+
+    def risk(self):
+        return float(cf.icl_risk(self.problem, *self.params))
+
+    def state(self):
+        return dict(beta0=self.params[0].copy(), Gamma=self.params[1].copy())
+
+
+class _AttentionModel:
+    """The full LTB (3.3) with weights W₁, W₂ (d_f×D), W^P (D×d_v), W^V (d_v×D), W^K, W^Q (d_k×D), D = d+1,
+    or LSA (3.4) without W₁, W₂. Widths d_k = d_v = d_f = ``width`` (default D, which satisfies the
+    Theorem 5.3 size condition d_k >= d). Small random initialisation: zero weights are a saddle."""
+
+    def __init__(self, problem, rng, init_scale, width, mlp):
+        D = problem.d + 1
+        width = D if width is None else check.integer(width, "width", minimum=1)
+        shapes = [(width, D), (width, D), (D, width), (width, D), (width, D), (width, D)]
+        names = ["W1", "W2", "WP", "WV", "WK", "WQ"]
+        if not mlp:
+            shapes, names = shapes[2:], names[2:]
+        self.problem, self.mlp, self.names = problem, mlp, names
+        self.params = [init_scale * rng.standard_normal(shape) for shape in shapes]
+
+    def products(self):
+        w = dict(zip(self.names, self.params))
+        D = self.problem.d + 1
+        U = w["W2"].T @ w["W1"] if self.mlp else np.zeros((D, D))
+        return U, w["WP"] @ w["WV"], w["WK"].T @ w["WQ"]
+
+    def gradient(self, batch: Prompts):
+        U, V, K = self.products()
+        loss, gU, gV, gK = _ltb_batch_gradient(batch.X, batch.y, batch.x_query, batch.y_query, U, V, K, self.mlp)
+        w = dict(zip(self.names, self.params))
+        grads = dict(WP=gV @ w["WV"].T, WV=w["WP"].T @ gV, WK=w["WQ"] @ gK.T, WQ=w["WK"] @ gK)
+        if self.mlp:
+            grads.update(W1=w["W2"] @ gU, W2=w["W1"] @ gU.T)
+        return loss, [grads[name] for name in self.names]
+
+    def reduced(self):
+        return cf.ltb_reduced_coordinates(*self.products(), mlp=self.mlp)
+
+    def risk(self):
+        c, a, b, Q, q = self.reduced()
+        W = np.column_stack([c, Q.T, q]) if self.mlp else np.column_stack([Q.T, q])
+        return cf.readout_risk(self.problem, a, b, W, constant=self.mlp)
+
+    def state(self):
+        c, a, b, Q, q = self.reduced()
+        return dict(c=c, a=a, b=np.array(b), Q=Q.copy(), q=q)
+
+
+MODELS = {
+    "gd_beta": lambda problem, rng, init_scale, width: _GDBetaModel(problem, rng, init_scale, width),
+    "ltb": lambda problem, rng, init_scale, width: _AttentionModel(problem, rng, init_scale, width, mlp=True),
+    "lsa": lambda problem, rng, init_scale, width: _AttentionModel(problem, rng, init_scale, width, mlp=False),
+}
+OPTIMIZERS = {"adam": _Adam, "sgd": _SGD}
+
+
+def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, steps: int, seed: SeedLike, *,
+                         lr: float = 0.02, optimizer: str = "adam", record_every: int | None = None,
+                         init_scale: float = 0.3, width: int | None = None) -> Trajectory:
+    """Train ``model`` ∈ {"gd_beta", "ltb", "lsa"} on fresh prompts: one new batch per step.
+
+    The paper's experiment trains with Adam on a fresh batch of tasks every step (spec §10); plain SGD is
+    available as ``optimizer="sgd"``. The learning rate decays by a cosine to 1% of ``lr``. The recorded
+    ``risk`` is the *exact* population risk of the current parameters (closed form, spec §3 and §6), so the
+    only randomness in it is that of training; ``batch_loss`` is the minibatch loss.
+
+    Raises ``DivergenceError`` naming the step if the loss or a parameter stops being finite.
+    """
+    from .integrate import DivergenceError
+
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {sorted(MODELS)}, got {model!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    steps = check.integer(steps, "steps", minimum=1)
+    lr = check.real(lr, "lr", minimum=0.0, strict=True)
+    init_scale = check.real(init_scale, "init_scale", minimum=0.0)
+    record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)
+    init_rng, data_rng = generators(seed_sequence(seed), 2)
+    net = MODELS[model](problem, init_rng, init_scale, width)
+    opt = OPTIMIZERS[optimizer](net.params, lr, steps)
+    times, risks, losses, states = [0], [net.risk()], [np.nan], [net.state()]
+    for step in range(1, steps + 1):
+        loss, grads = net.gradient(sample_prompts(problem, batch_size, data_rng))
+        if not np.isfinite(loss) or not all(np.all(np.isfinite(g)) for g in grads):
+            raise DivergenceError(f"diverged at step {step}: the minibatch loss or gradient is not finite "
+                                  f"(lower lr={lr})")
+        opt.step(grads)
+        if step % record_every == 0 or step == steps:
+            risk = net.risk()
+            if not np.isfinite(risk) or risk > 1e12:
+                raise DivergenceError(f"diverged at step {step}: the population risk is {risk:.3g} (lower lr={lr})")
+            times.append(step)
+            risks.append(risk)
+            losses.append(loss)
+            states.append(net.state())
+    stacked = {name: np.array([s[name] for s in states]) for name in states[0]}
+    return Trajectory(times=np.array(times, float), states=stacked,
+                      metrics=dict(risk=np.array(risks), batch_loss=np.array(losses)),
+                      info=dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, steps=steps))
