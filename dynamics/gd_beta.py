@@ -359,18 +359,70 @@ class _AttentionModel:
         return dict(c=c, a=a, b=np.array(b), Q=Q.copy(), q=q)
 
 
+class _ReducedAttentionModel(_AttentionModel):
+    """The LTB (LSA without c) in its reduced coordinates (c, a, b, Q, q) of spec §2.1: everything of the block
+    that reaches the output, as in the spec's SGD experiment (§10). It is the factorised model with
+    U = e_{d+1}(cᵀ, 0), V = e_{d+1}(aᵀ, b), K = [[Q, ·], [qᵀ, ·]], so the same gradient kernel serves."""
+
+    def __init__(self, problem, rng, init_scale, width, mlp, value_init):
+        d = problem.d
+        self.problem, self.mlp, self.label_copy_init = problem, mlp, value_init == "label_copy"
+        self.names = (["c"] if mlp else []) + ["a", "b", "Q", "q"]
+        shapes = dict(c=(d,), a=(d,), b=(1,), Q=(d, d), q=(d,))
+        # c starts at 0; a zero (a, b, Q, q) is a saddle, so those start small and random. The value row starts
+        # at the label copy (a, b) = (0, 1) plus noise: GD-0 with a random step, inside GD-β ⊂ LTB. From a
+        # purely random value row some seeds fall into the LTB's spurious minimum at b = 0 (docs/gd_beta.md).
+        self.params = [np.zeros(d) if n == "c" else init_scale * rng.standard_normal(shapes[n]) for n in self.names]
+        if self.label_copy_init:
+            self.params[self.names.index("b")] += 1.0
+
+    def products(self):
+        d = self.problem.d
+        w = dict(zip(self.names, self.params))
+        U, V, K = np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1)), np.zeros((d + 1, d + 1))
+        if self.mlp:
+            U[d, :d] = w["c"]
+        V[d, :d], V[d, d] = w["a"], w["b"][0]
+        K[:d, :d], K[d, :d] = w["Q"], w["q"]
+        return U, V, K
+
+    def gradient(self, batch: Prompts):
+        d = self.problem.d
+        U, V, K = self.products()
+        loss, gU, gV, gK = _ltb_batch_gradient(batch.X, batch.y, batch.x_query, batch.y_query, U, V, K, self.mlp)
+        grads = dict(c=gU[d, :d], a=gV[d, :d], b=gV[d, d:], Q=gK[:d, :d], q=gK[d, :d])
+        return loss, [grads[name] for name in self.names]
+
+
 MODELS = {
-    "gd_beta": lambda problem, rng, init_scale, width: _GDBetaModel(problem, rng, init_scale, width),
-    "ltb": lambda problem, rng, init_scale, width: _AttentionModel(problem, rng, init_scale, width, mlp=True),
-    "lsa": lambda problem, rng, init_scale, width: _AttentionModel(problem, rng, init_scale, width, mlp=False),
+    "gd_beta": lambda problem, rng, scale, width, value_init: _GDBetaModel(problem, rng, scale, width),
+    "ltb": lambda problem, rng, scale, width, value_init: _ReducedAttentionModel(problem, rng, scale, width, True,
+                                                                                 value_init),
+    "lsa": lambda problem, rng, scale, width, value_init: _ReducedAttentionModel(problem, rng, scale, width, False,
+                                                                                 value_init),
+    "ltb_weights": lambda problem, rng, scale, width, value_init: _AttentionModel(problem, rng, scale, width, True),
+    "lsa_weights": lambda problem, rng, scale, width, value_init: _AttentionModel(problem, rng, scale, width, False),
 }
+VALUE_INITS = ("label_copy", "random")
 OPTIMIZERS = {"adam": _Adam, "sgd": _SGD}
 
 
 def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, steps: int, seed: SeedLike, *,
-                         lr: float = 0.02, optimizer: str = "adam", record_every: int | None = None,
-                         init_scale: float = 0.3, width: int | None = None) -> Trajectory:
-    """Train ``model`` ∈ {"gd_beta", "ltb", "lsa"} on fresh prompts: one new batch per step.
+                         lr: float = 0.05, optimizer: str = "adam", record_every: int | None = None,
+                         init_scale: float = 0.3, width: int | None = None,
+                         value_init: str = "label_copy") -> Trajectory:
+    """Train ``model`` on fresh prompts: one new batch per step.
+
+    Models: ``gd_beta`` (β₀, Γ); ``ltb`` / ``lsa`` in the reduced coordinates (c, a, b, Q, q) of spec §2.1;
+    ``ltb_weights`` / ``lsa_weights`` with the six (four) weight matrices of (3.3) themselves. The factorised
+    parameterisation is non-convex in a way the reduced one is not: from small random initialisations some
+    seeds stall near b ≈ 0 (the value row stops reading the labels), see docs/gd_beta.md.
+
+    Initialisation: β₀ = Γ = 0 for GD-β and c = 0 for the LTB. The other reduced coordinates start at
+    N(0, init_scale²); with ``value_init="label_copy"`` (default) the value row starts at (a, b) = (0, 1) plus that
+    noise (GD-0 with a random step). From ``value_init="random"`` a fraction of seeds converges to the LTB's
+    spurious local minimum on b = 0 (claim ``gd_beta.ltb_spurious_minimum``). Factorised weights start at
+    N(0, init_scale²) entrywise.
 
     The paper's experiment trains with Adam on a fresh batch of tasks every step (spec §10); plain SGD is
     available as ``optimizer="sgd"``. The learning rate decays by a cosine to 1% of ``lr``. The recorded
@@ -383,6 +435,8 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
 
     if model not in MODELS:
         raise ValueError(f"model must be one of {sorted(MODELS)}, got {model!r}")
+    if value_init not in VALUE_INITS:
+        raise ValueError(f"value_init must be one of {VALUE_INITS}, got {value_init!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
     batch_size = check.integer(batch_size, "batch_size", minimum=1)
@@ -391,7 +445,7 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
     record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)
     init_rng, data_rng = generators(seed_sequence(seed), 2)
-    net = MODELS[model](problem, init_rng, init_scale, width)
+    net = MODELS[model](problem, init_rng, init_scale, width, value_init)
     opt = OPTIMIZERS[optimizer](net.params, lr, steps)
     times, risks, losses, states = [0], [net.risk()], [np.nan], [net.state()]
     for step in range(1, steps + 1):
@@ -411,4 +465,5 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
     stacked = {name: np.array([s[name] for s in states]) for name in states[0]}
     return Trajectory(times=np.array(times, float), states=stacked,
                       metrics=dict(risk=np.array(risks), batch_loss=np.array(losses)),
-                      info=dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, steps=steps))
+                      info=dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, steps=steps,
+                                value_init=value_init, init_scale=init_scale))

@@ -1,0 +1,198 @@
+"""Claims: each theorem, lemma or figure of a paper as a named, runnable check.
+
+A claim is a function registered under a dotted name (``gd_beta.optimal_parameters``) with its paper
+reference and statement. It receives a ``numpy.random.SeedSequence`` and its settings (``quick`` for the
+everyday suite, ``full`` for paper scale) and returns an :class:`Outcome`: what was measured, what theory
+predicts, the tolerance and its statistical basis, and whether it passed. :func:`run_claim` adds the
+metadata, the timing and the safety net (a non-finite number is an ERROR, never a silent PASS).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import time
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "run_claim", "SYSTEMS"]
+
+# System key -> module holding its claims. Keys are accepted with '_' or '-'.
+SYSTEMS = {"gd_beta": "validation.gd_beta"}
+
+_REGISTRY: dict[str, "Claim"] = {}
+
+
+@dataclass
+class Outcome:
+    """What a claim function returns.
+
+    measured / predicted : name -> number (the headline comparison; shown in the table and JSON).
+    tolerance : the acceptance rule in words and numbers, e.g. "|z| < 4".
+    basis : where the tolerance comes from, e.g. "4 Monte-Carlo standard errors (two-sided p ≈ 6e-5)".
+    passed : the verdict.
+    details : rows of a table with everything measured (one dict per configuration).
+    figure : a zero-argument callable returning a matplotlib Figure, drawn only when a report asks for it.
+    notes : anything a reader needs to interpret the numbers.
+    """
+
+    measured: dict
+    predicted: dict
+    tolerance: str
+    basis: str
+    passed: bool
+    details: list = field(default_factory=list)
+    figure: Callable | None = None
+    notes: str = ""
+
+
+@dataclass
+class CheckResult:
+    name: str
+    system: str
+    reference: str
+    statement: str
+    status: str  # "PASS", "FAIL" or "ERROR"
+    measured: dict
+    predicted: dict
+    tolerance: str
+    basis: str
+    details: list
+    notes: str
+    setting: str
+    seed: int
+    seconds: float
+    figure: Callable | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the documented, stable schema of ``attnflow check --json`` (docs/cli.md)."""
+        return dict(
+            name=self.name, system=self.system, reference=self.reference, statement=self.statement,
+            status=self.status, passed=self.passed, measured=_jsonable(self.measured),
+            predicted=_jsonable(self.predicted), tolerance=self.tolerance, basis=self.basis,
+            details=_jsonable(self.details), notes=self.notes, setting=self.setting, seed=self.seed,
+            seconds=round(self.seconds, 3),
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    reference: str
+    statement: str
+    function: Callable
+    quick: dict
+    full: dict
+
+    @property
+    def system(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    def seed_sequence(self, seed: int) -> np.random.SeedSequence:
+        """Seed for this claim: derived from (seed, claim name), so selecting a subset changes no numbers."""
+        return np.random.SeedSequence(entropy=seed, spawn_key=(zlib.crc32(self.name.encode()),))
+
+
+def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict):
+    """Register ``function(seed_sequence, **settings) -> Outcome`` as the claim ``name``."""
+
+    def register(function):
+        if name in _REGISTRY:
+            raise ValueError(f"claim {name!r} is registered twice")
+        _REGISTRY[name] = Claim(name, reference, statement, function, dict(quick), dict(full))
+        return function
+
+    return register
+
+
+def _load_systems() -> None:
+    for module in SYSTEMS.values():
+        importlib.import_module(module)
+
+
+def registry() -> dict[str, Claim]:
+    _load_systems()
+    return dict(_REGISTRY)
+
+
+def _normalise(name: str) -> str:
+    return name.strip().replace("-", "_")
+
+
+def select(names=None) -> list[Claim]:
+    """Claims for NAMES: whole systems (``gd_beta`` or ``gd-beta``) or single claims; all when empty."""
+    claims = registry()
+    if not names:
+        return list(claims.values())
+    chosen: list[Claim] = []
+    for raw in names:
+        name = _normalise(raw)
+        if name in SYSTEMS:
+            matches = [c for c in claims.values() if c.system == name]
+        elif name in claims:
+            matches = [claims[name]]
+        else:
+            known = ", ".join(sorted(SYSTEMS))
+            raise ValueError(f"unknown claim or system {raw!r} (systems: {known}; see 'attnflow list')")
+        chosen.extend(c for c in matches if c not in chosen)
+    return chosen
+
+
+def _all_finite(values) -> bool:
+    if isinstance(values, dict):
+        return all(_all_finite(v) for v in values.values())
+    if isinstance(values, (list, tuple)):
+        return all(_all_finite(v) for v in values)
+    if isinstance(values, (bool, str)) or values is None:
+        return True
+    return bool(np.all(np.isfinite(np.asarray(values, dtype=float))))
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, (np.bool_, bool)):
+        return bool(value)
+    if isinstance(value, (np.integer, int)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        value = float(value)
+        return value if math.isfinite(value) else str(value)
+    return value
+
+
+def run_claim(c: Claim, *, full: bool = False, seed: int = 0, **overrides) -> CheckResult:
+    """Run one claim at its quick (default) or full setting; ``overrides`` replace single settings."""
+    settings = dict(c.full if full else c.quick)
+    unknown = set(overrides) - set(settings)
+    if unknown:
+        raise ValueError(f"{c.name} has no setting(s) {sorted(unknown)}; it takes {sorted(settings)}")
+    settings.update(overrides)
+    started = time.perf_counter()
+    common = dict(name=c.name, system=c.system, reference=c.reference, statement=c.statement,
+                  setting="full" if full else "quick", seed=seed)
+    try:
+        outcome = c.function(c.seed_sequence(seed), **settings)
+    except Exception as error:  # a claim that crashes is reported, not hidden, and the others still run
+        return CheckResult(**common, status="ERROR", measured={}, predicted={}, tolerance="", basis="",
+                           details=[], notes=f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}",
+                           seconds=time.perf_counter() - started)
+    status = "PASS" if outcome.passed else "FAIL"
+    notes = outcome.notes
+    if not (_all_finite(outcome.measured) and _all_finite(outcome.predicted)):
+        status = "ERROR"
+        notes = (notes + " " if notes else "") + "A measured or predicted value is not finite."
+    return CheckResult(**common, status=status, measured=outcome.measured, predicted=outcome.predicted,
+                       tolerance=outcome.tolerance, basis=outcome.basis, details=outcome.details, notes=notes,
+                       seconds=time.perf_counter() - started, figure=outcome.figure)

@@ -1,0 +1,585 @@
+"""Claims of Zhang, Wu & Bartlett (NeurIPS 2024) on GD-β, the LTB and LSA (spec: shared/theory/gd_beta.md)."""
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import minimize
+
+from closed_forms import gd_beta as cf
+from closed_forms.gd_beta import GDBetaProblem
+from dynamics import gd_beta as dyn
+
+from . import plots
+from .claims import Outcome, claim
+from .stats import Z_TOLERANCE, fit_exponential_rate, ratio_standard_error, z_basis
+
+PAPER = "Zhang, Wu & Bartlett, NeurIPS 2024 (arXiv:2402.14951)"
+
+# The spec's worked example (§6, §10): anisotropic H and Ψ, σ² = 0.25, N = 10.
+EXAMPLE_H = np.array([[1.0, 0.3], [0.3, 0.6]])
+EXAMPLE_PSI = np.array([[0.8, -0.2], [-0.2, 0.5]])
+# Corollary 6.2 example (spec §8): SNR = tr(HΨ)/σ² = 0.6125.
+COROLLARY_H = np.diag([1.0, 0.5, 0.25, 0.125])
+COROLLARY_PSI = np.diag([0.4, 0.3, 0.2, 0.1])
+
+
+def example_problem(beta_norm_H: float, N: int = 10, sigma2: float = 0.25) -> GDBetaProblem:
+    """The spec §6 example with β* along e₁ scaled to ‖β*‖_H = ``beta_norm_H``.
+
+    (The spec does not say which direction its gap table used; the gap depends on it, see docs/gd_beta.md.)
+    """
+    direction = np.array([1.0, 0.0]) / np.sqrt(EXAMPLE_H[0, 0])
+    return GDBetaProblem(H=EXAMPLE_H, Psi=EXAMPLE_PSI, beta_star=beta_norm_H * direction, sigma2=sigma2, N=N)
+
+
+def _gd_beta_predictor(beta0, Gamma):
+    return lambda p: cf.gd_beta_predict(p.X, p.y, p.x_query, beta0, Gamma)
+
+
+# ==================================================================================================
+# §3: the closed-form risk
+# ==================================================================================================
+
+
+@claim(
+    "gd_beta.risk_formula",
+    reference=f"{PAPER}: ICL risk (3.5) of GD-β (5.1); closed form of spec §3",
+    statement="The closed-form ICL risk R(β₀, Γ) equals the brute-force Monte-Carlo risk of GD-β at random "
+              "(β₀, Γ), for full-rank and rank-deficient H and Ψ.",
+    quick=dict(n_prompts=100_000, d=3, N=8),
+    full=dict(n_prompts=2_000_000, d=5, N=12),
+)
+def risk_formula(seed, n_prompts, d, N):
+    configs = [("full rank", {}), ("singular H", dict(rank_H=d - 1)), ("singular Psi", dict(rank_Psi=1))]
+    rows = []
+    for (label, ranks), child in zip(configs, seed.spawn(len(configs))):
+        problem_seed, parameter_seed, mc_seed = child.spawn(3)
+        problem = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.0, **ranks)
+        rng = np.random.default_rng(parameter_seed)
+        beta0, Gamma = rng.normal(size=d), rng.normal(size=(d, d)) / d
+        predicted = float(cf.icl_risk(problem, beta0, Gamma))
+        mc = dyn.monte_carlo_risk(problem, _gd_beta_predictor(beta0, Gamma), n_prompts, mc_seed)
+        rows.append(dict(config=label, closed_form=predicted, monte_carlo=mc.mean,
+                         standard_error=mc.standard_error, z=mc.z_score(predicted)))
+    worst = max(rows, key=lambda r: abs(r["z"]))
+
+    def figure():
+        fig, ax = plots.figure()
+        x = np.arange(len(rows))
+        plots.simulation_points(ax, x, [r["monte_carlo"] for r in rows], [r["standard_error"] for r in rows],
+                                label=f"Monte Carlo ({n_prompts:,} prompts, ±2 SE)")
+        ax.plot(x, [r["closed_form"] for r in rows], "kx", markersize=9, label="closed form (spec §3)")
+        ax.set_xticks(x, [r["config"] for r in rows])
+        plots.finish(ax, "GD-β risk at random (β₀, Γ)", "configuration", "ICL risk")
+        return fig
+
+    return Outcome(
+        measured={"Monte-Carlo risk (worst config)": worst["monte_carlo"], "max |z|": abs(worst["z"])},
+        predicted={"closed-form risk (worst config)": worst["closed_form"]},
+        tolerance=f"|z| < {Z_TOLERANCE:g} in each of {len(rows)} configurations",
+        basis=z_basis(), passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows), details=rows, figure=figure)
+
+
+# ==================================================================================================
+# Theorem 5.2: the optimal GD-β
+# ==================================================================================================
+
+
+@claim(
+    "gd_beta.optimal_parameters",
+    reference=f"{PAPER}: Theorem 5.2, eqs. (5.2)-(5.3)",
+    statement="(β₀, Γ) = (β*, Γ*) with Γ* = H^{+1/2}Ψ̃Ω⁻¹H^{+1/2} minimises the GD-β risk and attains "
+              "R* = σ² + tr Ψ̃ − tr(Ψ̃Ω⁻¹Ψ̃); moving away from it raises the sampled risk by the closed-form amount.",
+    quick=dict(d=3, N=10, n_starts=4, n_prompts=60_000),
+    full=dict(d=6, N=20, n_starts=12, n_prompts=1_000_000),
+)
+def optimal_parameters(seed, d, N, n_starts, n_prompts):
+    problem_seed, start_seed, direction_seed, mc_seed = seed.spawn(4)
+    problem = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.5)
+    R_star, R_eigen = cf.optimal_risk(problem), cf.optimal_risk_eigen(problem)
+    beta_star, Gamma_star = problem.beta_star, cf.optimal_gamma(problem)
+    grad_beta, grad_Gamma = cf.risk_gradient(problem, beta_star, Gamma_star)
+    grad_norm = float(np.sqrt(np.sum(grad_beta**2) + np.sum(grad_Gamma**2)))
+
+    def objective(theta):
+        beta0, Gamma = cf.unpack_flow_state(theta, d)
+        gb, gG = cf.risk_gradient(problem, beta0, Gamma)
+        return float(cf.icl_risk(problem, beta0, Gamma)), cf.flow_state(gb, gG)
+
+    rng = np.random.default_rng(start_seed)
+    best = None
+    for _ in range(n_starts):
+        start = rng.normal(size=d + d * d)
+        result = minimize(objective, start, jac=True, method="L-BFGS-B",
+                          options=dict(gtol=1e-13, ftol=1e-16, maxiter=20_000))
+        if best is None or result.fun < best.fun:
+            best = result
+    found_beta, found_Gamma = cf.unpack_flow_state(best.x, d)
+    argmin_error = float(np.linalg.norm(found_beta - beta_star) + np.linalg.norm(found_Gamma - Gamma_star))
+
+    # Paired Monte Carlo (common prompts): R(optimum + s·Δ) − R(optimum) along a random direction Δ.
+    drng = np.random.default_rng(direction_seed)
+    d_beta, d_Gamma = drng.normal(size=d), drng.normal(size=(d, d))
+    scale = 0.5 / np.sqrt(np.sum(d_beta**2) + np.sum(d_Gamma**2))
+    d_beta, d_Gamma = scale * d_beta, scale * d_Gamma
+    rows = []
+    for s, child in zip((-1.0, -0.5, 0.5, 1.0), mc_seed.spawn(4)):
+        moved = (beta_star + s * d_beta, Gamma_star + s * d_Gamma)
+
+        def increase(rng, m, moved=moved):
+            p = dyn.sample_prompts(problem, m, rng)
+            base = cf.gd_beta_predict(p.X, p.y, p.x_query, beta_star, Gamma_star)
+            other = cf.gd_beta_predict(p.X, p.y, p.x_query, *moved)
+            return (other - p.y_query) ** 2 - (base - p.y_query) ** 2
+
+        mc = dyn.monte_carlo_mean(increase, n_prompts, child)
+        exact = float(cf.icl_risk(problem, *moved) - R_star)
+        rows.append(dict(step=s, closed_form_increase=exact, monte_carlo_increase=mc.mean,
+                         standard_error=mc.standard_error, z=mc.z_score(exact)))
+
+    risk_tol, grad_tol, argmin_tol = 1e-9, 1e-9, 1e-4
+    passed = (
+        abs(R_eigen - R_star) <= 1e-12 * R_star
+        and grad_norm <= grad_tol * (1 + R_star)
+        and best.fun >= R_star * (1 - 1e-12)
+        and best.fun - R_star <= risk_tol * R_star
+        and argmin_error <= argmin_tol
+        and all(abs(r["z"]) < Z_TOLERANCE and r["closed_form_increase"] > 0 for r in rows)
+    )
+
+    def figure():
+        fig, ax = plots.figure()
+        s_grid = np.linspace(-1.1, 1.1, 101)
+        curve = [cf.icl_risk(problem, beta_star + s * d_beta, Gamma_star + s * d_Gamma) - R_star for s in s_grid]
+        plots.theory_line(ax, s_grid, curve, label="closed form R − R*")
+        plots.simulation_points(ax, [r["step"] for r in rows], [r["monte_carlo_increase"] for r in rows],
+                                [r["standard_error"] for r in rows], label="paired Monte Carlo (±2 SE)")
+        plots.finish(ax, "Risk along a line through (β*, Γ*) (Thm 5.2)", "s (step along Δ)", "R − R*")
+        return fig
+
+    return Outcome(
+        measured={"min over L-BFGS starts": float(best.fun), "|grad R| at (β*, Γ*)": grad_norm,
+                  "argmin error": argmin_error, "max |z| paired MC": max(abs(r["z"]) for r in rows)},
+        predicted={"R* (5.2)": R_star, "R* eigen form": R_eigen, "|grad R|": 0.0},
+        tolerance=f"L-BFGS min within {risk_tol:g}·R* and never below R*; |grad| <= {grad_tol:g}(1+R*); argmin "
+                  f"within {argmin_tol:g}; paired MC |z| < {Z_TOLERANCE:g} with positive increase",
+        basis="optimisation: L-BFGS-B at gtol 1e-13 (round-off level for a smooth quartic); sampling: "
+              + z_basis(),
+        passed=bool(passed), details=rows, figure=figure)
+
+
+# ==================================================================================================
+# Theorem 5.3 and Lemma 5.1: LTB = GD-β at the optimum
+# ==================================================================================================
+
+
+@claim(
+    "gd_beta.ltb_equals_gd_beta",
+    reference=f"{PAPER}: Theorem 5.3 and Lemma 5.1",
+    statement="The optimal LTB risk equals the optimal GD-β risk R* for every β*, and GD-β embeds in the LTB "
+              "exactly (the full token-matrix forward pass reproduces GD-β's predictions).",
+    quick=dict(d=2, N=10, beta_norms=(0.0, 1.0, 3.0), n_prompts=2_000),
+    full=dict(d=3, N=20, beta_norms=(0.0, 0.5, 1.0, 2.0, 4.0, 8.0), n_prompts=20_000),
+)
+def ltb_equals_gd_beta(seed, d, N, beta_norms, n_prompts):
+    problem_seed, prompt_seed = seed.spawn(2)
+    base = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.0)
+    rows = []
+    for norm in beta_norms:
+        problem = base.replace(beta_star=base.beta_star * norm / base.beta_norm_H)
+        R_star = cf.optimal_risk(problem)
+        ltb = cf.optimal_attention_risk(problem, mlp=True)
+        rows.append(dict(beta_norm_H=norm, R_star=R_star, inf_LTB=ltb.risk, relative_gap=(ltb.risk - R_star) / R_star))
+
+    # Lemma 5.1: U = e_{d+1}(β₀ᵀ, 0), V = e_{d+1}(−β₀ᵀ, 1), K = [[Γᵀ, 0], [0, 0]] at (β₀, Γ) = (β*, Γ*).
+    problem = base
+    beta0, Gamma = problem.beta_star, cf.optimal_gamma(problem)
+    D = d + 1
+    U, V, K = np.zeros((D, D)), np.zeros((D, D)), np.zeros((D, D))
+    U[d, :d] = beta0
+    V[d, :d], V[d, d] = -beta0, 1.0
+    K[:d, :d] = Gamma.T
+    prompts = dyn.sample_prompts(problem, n_prompts, np.random.default_rng(prompt_seed))
+    ltb_out = cf.ltb_forward(dyn.token_matrices(prompts), U, V, K)
+    gd_out = cf.gd_beta_predict(prompts.X, prompts.y, prompts.x_query, beta0, Gamma)
+    embedding_error = float(np.max(np.abs(ltb_out - gd_out)) / np.max(np.abs(gd_out)))
+
+    optimiser_tol, embedding_tol = 1e-7, 1e-12
+    worst = max(abs(r["relative_gap"]) for r in rows)
+    return Outcome(
+        measured={"max |inf LTB − R*| / R*": worst, "embedding relative error": embedding_error},
+        predicted={"inf LTB − R*": 0.0, "embedding error": 0.0},
+        tolerance=f"relative gap <= {optimiser_tol:g}; embedding error <= {embedding_tol:g}",
+        basis="deterministic: the read-out is solved exactly, the value direction by BFGS at gtol 1e-12 "
+              "(risk error ~ gtol²/curvature); the embedding is exact up to float64 round-off",
+        passed=bool(worst <= optimiser_tol and embedding_error <= embedding_tol), details=rows)
+
+
+# ==================================================================================================
+# Theorem 4.1: the LSA approximation gap
+# ==================================================================================================
+
+
+@claim(
+    "gd_beta.lsa_gap",
+    reference=f"{PAPER}: Theorem 4.1; exact LSA reduction and GD-0 sandwich of spec §6",
+    statement="inf LSA − inf LTB is zero at β* = 0 and positive, growing with ‖β*‖_H, between 0 and the GD-0 "
+              "bound; R* does not depend on β*; the exact LSA optimum matches its sampled risk.",
+    quick=dict(beta_norms=(0.0, 0.5, 1.0, 2.0, 4.0), N=10, n_prompts=100_000),
+    full=dict(beta_norms=(0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0), N=10, n_prompts=1_000_000),
+)
+def lsa_gap(seed, beta_norms, N, n_prompts):
+    rows = []
+    for norm in beta_norms:
+        problem = example_problem(norm, N=N)
+        R_star = cf.optimal_risk(problem)
+        lsa = cf.optimal_attention_risk(problem, mlp=False)
+        rows.append(dict(beta_norm_H=norm, R_star=R_star, inf_LSA=lsa.risk, gap=lsa.risk - R_star,
+                         gd0_gap=cf.gd0_optimal_risk(problem) - R_star,
+                         first_order_gd0=(problem.d + 1) * norm**2 / N))
+    # Sample the optimal LSA at the largest ‖β*‖: closed-form reduction vs brute force.
+    problem = example_problem(beta_norms[-1], N=N)
+    lsa = cf.optimal_attention_risk(problem, mlp=False)
+    d = problem.d
+    Q, q = lsa.W[:, :d].T, lsa.W[:, d]
+    mc = dyn.monte_carlo_risk(
+        problem, lambda p: cf.ltb_reduced_predict(p.X, p.y, p.x_query, np.zeros(d), lsa.a, lsa.b, Q, q), n_prompts, seed)
+    z = mc.z_score(lsa.risk)
+
+    gaps = np.array([r["gap"] for r in rows])
+    R_stars = np.array([r["R_star"] for r in rows])
+    zero_tol = 1e-8
+    at_zero = [r["gap"] for r in rows if r["beta_norm_H"] == 0.0]
+    passed = (
+        all(abs(g) <= zero_tol for g in at_zero)
+        and np.all(np.diff(gaps) > 0)
+        and all(-zero_tol <= r["gap"] <= r["gd0_gap"] + zero_tol for r in rows)
+        and np.ptp(R_stars) <= 1e-12 * R_stars.max()
+        and abs(z) < Z_TOLERANCE
+    )
+
+    def figure():
+        fig, ax = plots.figure()
+        norms = [r["beta_norm_H"] for r in rows]
+        ax.plot(norms, gaps, "o-", label="inf LSA − R* (exact reduction)")
+        ax.plot(norms, [r["gd0_gap"] for r in rows], "s--", label="GD-0 upper bound")
+        plots.theory_line(ax, norms, [r["first_order_gd0"] for r in rows], label="(d+1)‖β*‖²_H / N")
+        plots.finish(ax, f"LSA approximation gap (Thm 4.1), N = {N}", "‖β*‖_H", "risk gap")
+        return fig
+
+    return Outcome(
+        measured={"gap at largest ‖β*‖": float(gaps[-1]), "gap at β* = 0": float(at_zero[0]) if at_zero else 0.0,
+                  "sampled optimal-LSA risk": mc.mean, "z (sampled vs exact)": z},
+        predicted={"gap at β* = 0": 0.0, "GD-0 bound at largest ‖β*‖": rows[-1]["gd0_gap"],
+                   "exact optimal-LSA risk": lsa.risk},
+        tolerance=f"|gap(0)| <= {zero_tol:g}; gaps strictly increasing and in [0, GD-0 gap]; R* constant to 1e-12; "
+                  f"sampled |z| < {Z_TOLERANCE:g}",
+        basis="exact reduction (BFGS on the value direction, gtol 1e-12); sampling: " + z_basis(),
+        passed=bool(passed), details=rows, figure=figure)
+
+
+# ==================================================================================================
+# Lemma 6.1 / Corollary 6.2: GD-β vs Bayes
+# ==================================================================================================
+
+
+def _bayes_ratios(problem_at, N_values, n_contexts, seed):
+    rows = []
+    for N, child in zip(N_values, seed.spawn(len(N_values))):
+        problem = problem_at(N)
+        R_star = cf.optimal_risk(problem)
+        bayes = dyn.bayes_risk(problem, n_contexts, child)
+        excess_gd, excess_bayes = R_star - problem.sigma2, bayes.mean - problem.sigma2
+        lower, upper = cf.excess_risk_sandwich(problem)
+        rows.append(dict(N=N, sigma2=problem.sigma2, snr=cf.snr(problem), R_star=R_star, bayes=bayes.mean,
+                         bayes_se=bayes.standard_error, ratio=excess_gd / excess_bayes,
+                         ratio_se=ratio_standard_error(excess_gd, excess_bayes, bayes.standard_error),
+                         sandwich_lower=lower, sandwich_upper=upper, excess_gd=excess_gd))
+    return rows
+
+
+@claim(
+    "gd_beta.bayes_constant_factor",
+    reference=f"{PAPER}: Lemma 6.1 and Corollary 6.2 (explicit constants of spec §8)",
+    statement="At bounded SNR the optimal GD-β excess risk is within a constant factor of the Bayes excess risk: "
+              "1 <= (R* − σ²)/(R_Bayes − σ²) <= 1 + 2·SNR for every N, and "
+              "½Σmin(ψᵢ, σ²/(N+1)) <= R* − σ² <= 2(1+SNR)Σmin(ψᵢ, σ²/N).",
+    quick=dict(N_values=(2, 5, 10, 20, 50, 100, 200), n_contexts=20_000),
+    full=dict(N_values=(2, 5, 10, 20, 50, 100, 200, 500, 1000), n_contexts=200_000),
+)
+def bayes_constant_factor(seed, N_values, n_contexts):
+    def problem_at(N):
+        return GDBetaProblem(H=COROLLARY_H, Psi=COROLLARY_PSI, beta_star=np.ones(4), sigma2=1.0, N=N)
+
+    rows = _bayes_ratios(problem_at, N_values, n_contexts, seed)
+    reference = problem_at(N_values[0])
+    bound = 1 + 2 * cf.snr(reference)
+    limit = cf.large_context_ratio_limit(reference)
+    passed = all(
+        r["ratio"] >= 1 - Z_TOLERANCE * r["ratio_se"]
+        and r["ratio"] <= bound + Z_TOLERANCE * r["ratio_se"]
+        and r["sandwich_lower"] <= r["excess_gd"] <= r["sandwich_upper"]
+        for r in rows
+    )
+
+    def figure():
+        fig, ax = plots.figure()
+        Ns = [r["N"] for r in rows]
+        plots.simulation_points(ax, Ns, [r["ratio"] for r in rows], [r["ratio_se"] for r in rows],
+                                label="(R* − σ²)/(R_Bayes − σ²), Bayes by MC (±2 SE)")
+        plots.theory_line(ax, Ns, [limit] * len(Ns), label=f"N → ∞ limit {limit:.3f}")
+        ax.axhline(bound, color="tab:red", linestyle=":", label=f"1 + 2·SNR = {bound:.3f}")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        plots.finish(ax, f"GD-β vs Bayes at SNR = {cf.snr(reference):.4g} (Cor 6.2)", "N", "excess-risk ratio",
+                     logx=True)
+        return fig
+
+    largest = max(rows, key=lambda r: r["ratio"])
+    return Outcome(
+        measured={"largest ratio": largest["ratio"], "at N": largest["N"], "smallest ratio": min(r["ratio"] for r in rows)},
+        predicted={"upper bound 1 + 2·SNR": bound, "lower bound": 1.0, "N → ∞ limit": limit},
+        tolerance=f"1 − {Z_TOLERANCE:g} SE <= ratio <= 1 + 2·SNR + {Z_TOLERANCE:g} SE at every N; sandwich exact",
+        basis=z_basis(what="standard errors of the Bayes-risk Monte Carlo (delta method for the ratio)"),
+        passed=bool(passed), details=rows, figure=figure,
+        notes="spec §8 reports ratios 1.047, 1.130, 1.241, 1.367, 1.507, 1.589, 1.654 at N = 2…200.")
+
+
+@claim(
+    "gd_beta.bayes_factor_needs_bounded_snr",
+    reference=f"{PAPER}: Corollary 6.2's SNR condition (negative control, spec §8)",
+    statement="Negative control: without bounded SNR the GD-β/Bayes factor is not uniform: as σ² → 0 at fixed N "
+              "the ratio grows without bound, exceeding the bounded-SNR constant 1 + 2·SNR(σ² = 1).",
+    quick=dict(sigma2_values=(1.0, 0.1, 0.01, 0.001), N=50, n_contexts=10_000),
+    full=dict(sigma2_values=(1.0, 0.1, 0.01, 0.001, 0.0001), N=50, n_contexts=100_000),
+)
+def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
+    rows = []
+    for sigma2, child in zip(sigma2_values, seed.spawn(len(sigma2_values))):
+        rows.extend(_bayes_ratios(
+            lambda n, s=sigma2: GDBetaProblem(H=COROLLARY_H, Psi=COROLLARY_PSI, beta_star=np.ones(4), sigma2=s, N=n),
+            (N,), n_contexts, child))
+    bounded_constant = 1 + 2 * rows[0]["snr"]
+    ratios = np.array([r["ratio"] for r in rows])
+    ses = np.array([r["ratio_se"] for r in rows])
+    increasing = np.all(np.diff(ratios) > Z_TOLERANCE * np.hypot(ses[1:], ses[:-1]))
+    exceeds = ratios[-1] - Z_TOLERANCE * ses[-1] > bounded_constant
+
+    def figure():
+        fig, ax = plots.figure()
+        plots.simulation_points(ax, [r["snr"] for r in rows], ratios, ses, label="GD-β/Bayes excess ratio (±2 SE)")
+        snrs = np.array([r["snr"] for r in rows])
+        plots.theory_line(ax, snrs, 1 + 2 * snrs, label="1 + 2·SNR")
+        ax.axhline(bounded_constant, color="tab:red", linestyle=":", label="bounded-SNR constant")
+        plots.finish(ax, f"The factor blows up as σ² → 0 (N = {N})", "SNR = tr(HΨ)/σ²", "excess-risk ratio",
+                     logx=True, logy=True)
+        return fig
+
+    return Outcome(
+        measured={"ratio at smallest σ²": float(ratios[-1]), "ratio at σ² = 1": float(ratios[0])},
+        predicted={"bounded-SNR constant (to be exceeded)": bounded_constant},
+        tolerance=f"ratios strictly increasing by > {Z_TOLERANCE:g} combined SE; last ratio − {Z_TOLERANCE:g} SE "
+                  "> bounded-SNR constant",
+        basis=z_basis(what="standard errors of the Bayes-risk Monte Carlo"),
+        passed=bool(increasing and exceeds), details=rows, figure=figure,
+        notes="spec §8: ratio ≈ 560 at σ² = 1e-3, N = 50.")
+
+
+# ==================================================================================================
+# Theorem 6.3: gradient flow
+# ==================================================================================================
+
+
+@claim(
+    "gd_beta.gradient_flow_converges",
+    reference=f"{PAPER}: Lemma G.2 and Theorem 6.3 (rates of spec §9)",
+    statement="Gradient flow on (β₀, Γ) converges to (β*, Γ*) (plus the unmoved null-space parts for singular H) "
+              "from zero and random starts, with non-increasing risk, ‖P_R(β₀ − β*)‖² <= e^{−4λ₊t/(N+1)}‖·‖₀² "
+              "along the path, and local rates 2λ_min(B(Γ*)) for β₀, 2λ₊(H)λ₊(H^{1/2}ΩH^{1/2}) for Γ, and "
+              "min(Γ rate, 2·β rate) for Γ's tail from (0, 0).",
+    quick=dict(d=3, N=10, n_random_starts=2),
+    full=dict(d=6, N=20, n_random_starts=8),
+)
+def gradient_flow_converges(seed, d, N, n_random_starts):
+    problem_seed, singular_seed, start_seed = seed.spawn(3)
+    full_rank = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.0)
+    singular = GDBetaProblem.random(d, N, singular_seed, sigma2=0.5, beta_norm=1.0, rank_H=d - 1)
+    rng = np.random.default_rng(start_seed)
+    starts = [("full rank", full_rank, "zero", np.zeros(d), np.zeros((d, d)))]
+    for k in range(n_random_starts):
+        starts.append(("full rank", full_rank, f"random {k + 1}", rng.normal(size=d), rng.normal(size=(d, d)) / d))
+    starts.append(("singular H", singular, "random", rng.normal(size=d), rng.normal(size=(d, d)) / d))
+
+    converge_tol, monotone_tol, rate_tol = 1e-7, 1e-10, 0.01
+    rows, zero_run = [], None
+    for label, problem, start, beta0, Gamma in starts:
+        run = dyn.population_trajectory(problem, beta0, Gamma)
+        m, rates = run.metrics, run.info["rates"]
+        initial = m["beta_error"][0] + m["gamma_error"][0]
+        final = m["beta_error"][-1] + m["gamma_error"][-1]
+        P_R = np.linalg.pinv(problem.H) @ problem.H
+        e_range = (run.states["beta0"] - problem.beta_star) @ P_R.T
+        sq = np.sum(e_range**2, axis=1)
+        bound = np.exp(-rates.beta_uniform * run.times) * sq[0]
+        rows.append(dict(problem=label, start=start, initial_error=initial, final_error=final,
+                         max_risk_increase=float(np.max(np.diff(m["risk"]))),
+                         beta_bound_violation=float(np.max(sq - bound * (1 + 1e-8) - 1e-24)),
+                         converged=final <= converge_tol * (1 + initial)))
+        if label == "full rank" and start == "zero":
+            zero_run = run
+    rates = zero_run.info["rates"]
+    # Each local rate is exact for a run that excites only its own mode: from (0, Γ*) Γ moves only at second
+    # order in β₀ − β*, so β₀ decays at 2λ_min(B(Γ*)); from (β*, 0) β₀ never moves and Γ's equation is linear.
+    # From (0, 0) both modes mix, and the slower one's transient biases the faster one's apparent rate, so
+    # only the Γ tail rate min(Γ mode, 2·β rate) is checked there.
+    window = (1e-10, 1e-4)
+    beta_only = dyn.population_trajectory(full_rank, np.zeros(d), cf.optimal_gamma(full_rank))
+    gamma_only = dyn.population_trajectory(full_rank, full_rank.beta_star, np.zeros((d, d)))
+    fits = [
+        ("‖β₀ − β*‖ from (0, Γ*)", beta_only, "beta_error", rates.beta),
+        ("‖Γ − Γ*‖_F from (β*, 0)", gamma_only, "gamma_error", rates.gamma_mode),
+        ("‖Γ − Γ*‖_F from (0, 0)", zero_run, "gamma_error", rates.gamma_tail),
+    ]
+    rate_rows = []
+    for quantity, run, key, predicted in fits:
+        fit = fit_exponential_rate(run.times, run.metrics[key], window)
+        rate_rows.append(dict(quantity=quantity, fitted=-fit.slope, predicted=predicted,
+                              relative_error=abs(-fit.slope - predicted) / predicted, fit=fit))
+    fit_beta, fit_gamma = rate_rows[0]["fit"], rate_rows[2]["fit"]
+    for r in rate_rows:
+        del r["fit"]
+    risk0 = zero_run.metrics["risk"][0]
+    passed = (
+        all(r["converged"] for r in rows)
+        and all(r["max_risk_increase"] <= monotone_tol * risk0 for r in rows)
+        and all(r["beta_bound_violation"] <= 0 for r in rows)
+        and all(r["relative_error"] <= rate_tol for r in rate_rows)
+    )
+
+    def figure():
+        fig, ax = plots.figure()
+        t = zero_run.times
+        for key, fit, rate, name, run in (
+                ("beta_error", fit_beta, rates.beta, "‖β₀ − β*‖ from (0, Γ*)", beta_only),
+                ("gamma_error", fit_gamma, rates.gamma_tail, "‖Γ − Γ*‖_F from (0, 0)", zero_run)):
+            ax.plot(run.times, run.metrics[key], label=name)
+            anchor = fit.intercept + fit.slope * fit.x_range[0]
+            tt = np.linspace(fit.x_range[0] * 0.5, run.times[-1], 50)
+            ax.plot(tt, np.exp(anchor - rate * (tt - fit.x_range[0])), **plots.THEORY)
+        ax.plot(t, zero_run.metrics["excess_risk"], label="R − R*")
+        ax.plot([], [], **plots.THEORY, label="predicted rates")
+        plots.finish(ax, "Gradient flow from (0, 0) (Thm 6.3)", "t", "error", logy=True)
+        ax.set_ylim(1e-15, None)
+        return fig
+
+    return Outcome(
+        measured={"fitted β rate": rate_rows[0]["fitted"], "fitted Γ mode rate": rate_rows[1]["fitted"],
+                  "fitted Γ tail rate": rate_rows[2]["fitted"],
+                  "max final error": max(r["final_error"] for r in rows),
+                  "max risk increase": max(r["max_risk_increase"] for r in rows)},
+        predicted={"β rate 2λ_min(B(Γ*))": rates.beta, "Γ mode rate": rates.gamma_mode,
+                   "Γ tail rate": rates.gamma_tail, "final error": 0.0},
+        tolerance=f"final error <= {converge_tol:g}(1 + initial) by t = 30/rate; risk increase <= {monotone_tol:g}·R(0); "
+                  f"β bound at every output time; fitted rates within {rate_tol:.0%}",
+        basis="deterministic ODE at rtol 1e-10: e^{-30} decay plus the integrator's error floor; rate fit on the "
+              f"window error/error(0) ∈ {window}, where sub-leading modes are below 1% of the leading one",
+        passed=bool(passed), details=rows + rate_rows, figure=figure)
+
+
+# ==================================================================================================
+# SGD on sampled prompts reaches each class's optimum
+# ==================================================================================================
+
+
+@claim(
+    "gd_beta.sgd_reaches_optimum",
+    reference=f"{PAPER}: Theorems 4.1, 5.2, 5.3 under training (spec §10)",
+    statement="Adam on freshly sampled prompts trains GD-β and the full LTB to R* and LSA to its (larger) "
+              "exact optimum, within 1% + 4 SE over seeds (value row initialised at the label copy b = 1).",
+    quick=dict(beta_norm_H=2.0, seeds=3, steps=2000, batch_size=128, lr=0.05),
+    full=dict(beta_norm_H=2.0, seeds=8, steps=6000, batch_size=512, lr=0.05),
+)
+def sgd_reaches_optimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
+    problem = example_problem(beta_norm_H)
+    R_star = cf.optimal_risk(problem)
+    optima = dict(gd_beta=R_star, ltb=R_star, lsa=cf.optimal_attention_risk(problem, mlp=False).risk)
+    rows, curves = [], {}
+    for model, child in zip(optima, seed.spawn(len(optima))):
+        runs = [dyn.minibatch_trajectory(problem, model, batch_size, steps, s, lr=lr) for s in child.spawn(seeds)]
+        finals = np.array([run.metrics["risk"][-1] for run in runs])
+        se = finals.std(ddof=1) / np.sqrt(seeds)
+        allowance = 0.01 * optima[model] + Z_TOLERANCE * se
+        # A seed that stalls inflates the SE; requiring a precise estimate keeps the band from swallowing it.
+        precise = se <= 0.005 * optima[model]
+        rows.append(dict(model=model, trained_risk=finals.mean(), standard_error=se, optimum=optima[model],
+                         excess=finals.mean() - optima[model], allowance=allowance, worst_seed=finals.max(),
+                         passed=bool(finals.mean() - optima[model] <= allowance and precise)))
+        curves[model] = (runs[0].times, np.mean([run.metrics["risk"] for run in runs], axis=0))
+
+    def figure():
+        fig, ax = plots.figure()
+        for (model, (t, risk)), color in zip(curves.items(), ("tab:blue", "tab:orange", "tab:green")):
+            ax.plot(t, risk, color=color, label=f"{model} (Adam, mean of {seeds} seeds)")
+            ax.axhline(optima[model], color=color, linestyle="--", linewidth=1)
+        ax.plot([], [], "k--", label="closed-form optimum")
+        plots.finish(ax, f"Training on fresh prompts, ‖β*‖_H = {beta_norm_H}", "step", "population risk (exact)",
+                     logy=True)
+        return fig
+
+    return Outcome(
+        measured={f"{r['model']} trained risk": r["trained_risk"] for r in rows},
+        predicted={f"{r['model']} optimum": r["optimum"] for r in rows},
+        tolerance=f"mean trained risk − optimum <= 1%·optimum + {Z_TOLERANCE:g} SE over {seeds} seeds, and SE <= "
+                  "0.5%·optimum (each model)",
+        basis="the trained risk is evaluated exactly (closed form), so only training noise remains: "
+              f"{Z_TOLERANCE:g} standard errors over seeds, plus a 1% allowance for the finite number of steps (spec §10)",
+        passed=all(r["passed"] for r in rows), details=rows, figure=figure,
+        notes="The LSA optimum exceeds R* by the Theorem 4.1 gap: no amount of training closes it. LTB and LSA "
+              "train in the reduced coordinates (c, a, b, Q, q) as in spec §10, from the label-copy value row; "
+              "from a random value row some seeds end in the spurious minimum of gd_beta.ltb_spurious_minimum.")
+
+
+# ==================================================================================================
+# Beyond the paper: the LTB's value-direction landscape has a spurious local minimum
+# ==================================================================================================
+
+
+@claim(
+    "gd_beta.ltb_spurious_minimum",
+    reference=f"{PAPER}: Theorem 5.3 concerns the infimum only; this landscape property is attnflow's finding",
+    statement="Beyond the paper: on the b = 0 equator of the value direction (the attention ignores labels in its "
+              "values) the optimal-read-out LTB risk has a strict local minimum above R*; Adam from a random value "
+              "row ends there for some seeds and at R* for the others — nowhere else.",
+    quick=dict(beta_norm_H=2.0, seeds=6, steps=2000, batch_size=128, lr=0.05),
+    full=dict(beta_norm_H=2.0, seeds=24, steps=4000, batch_size=256, lr=0.05),
+)
+def ltb_spurious_minimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
+    problem = example_problem(beta_norm_H)
+    d = problem.d
+    R_star = cf.optimal_risk(problem)
+
+    def on_sphere(a_direction, b):
+        a = a_direction / np.linalg.norm(a_direction) * np.sqrt(1 - b * b)
+        return cf.optimal_readout_risk(problem, a, b, constant=True)[0]
+
+    starts = [np.eye(d)[i] for i in range(d)]
+    equator = min((minimize(lambda x: on_sphere(x, 0.0), s, method="BFGS", options=dict(gtol=1e-12))
+                   for s in starts), key=lambda r: r.fun)
+    R_local = float(equator.fun)
+    h = 1e-3
+    curvature = min(on_sphere(equator.x, h), on_sphere(equator.x, -h)) - R_local  # > 0: minimum across b = 0
+    finals = np.array([dyn.minibatch_trajectory(problem, "ltb", batch_size, steps, s, lr=lr, value_init="random")
+                       .metrics["risk"][-1] for s in seed.spawn(seeds)])
+    near_global = np.abs(finals - R_star) <= 0.01 * R_star
+    near_local = np.abs(finals - R_local) <= 0.01 * R_local
+    rows = [dict(seed=i, final_risk=r, ends_at="R*" if g else ("b = 0 minimum" if l else "elsewhere"))
+            for i, (r, g, l) in enumerate(zip(finals, near_global, near_local))]
+    passed = R_local > R_star * 1.01 and curvature > 0 and bool(np.all(near_global | near_local))
+    return Outcome(
+        measured={"equator minimum risk": R_local, "risk rise at b = ±1e-3": float(curvature),
+                  "seeds at the b = 0 minimum": int(near_local.sum()), "seeds at R*": int(near_global.sum())},
+        predicted={"R* (global)": R_star, "rise": "> 0"},
+        tolerance="equator minimum > 1.01·R*; rise > 0 on both sides; every seed within 1% of R* or of the "
+                  "equator minimum",
+        basis="deterministic landscape (BFGS at gtol 1e-12, second difference at h = 1e-3 well above round-off); "
+              "training endpoints within the same 1% optimisation allowance as gd_beta.sgd_reaches_optimum",
+        passed=bool(passed), details=rows,
+        notes="From the label-copy initialisation (b = 1) every seed reaches R* (gd_beta.sgd_reaches_optimum).")

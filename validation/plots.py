@@ -1,0 +1,42 @@
+"""Matplotlib figures shared by claims, the report and the notebooks.
+
+Figures are built with ``matplotlib.figure.Figure`` (no pyplot state, no GUI backend), so they work the same
+in a terminal, in CI and in a notebook (where a Figure displays itself).
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+THEORY = dict(color="black", linestyle="--", linewidth=1.4)
+SIMULATION = dict(marker="o", linestyle="none", markersize=4, capsize=3)
+
+
+def figure(ncols: int = 1, nrows: int = 1, width: float = 4.8, height: float = 3.6):
+    """A Figure and its axes (a single Axes when 1×1, else a flat array)."""
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    return fig, (axes[0] if axes.size == 1 else axes)
+
+
+def theory_line(ax, x, y, label="theory", **style):
+    ax.plot(x, y, label=label, **{**THEORY, **style})
+
+
+def simulation_points(ax, x, mean, standard_error=None, label="simulation", **style):
+    """Measured means with ±2 SE bars (≈95% intervals)."""
+    yerr = None if standard_error is None else 2 * np.asarray(standard_error)
+    ax.errorbar(x, mean, yerr=yerr, label=label, **{**SIMULATION, **style})
+
+
+def finish(ax, title: str, xlabel: str, ylabel: str, logx: bool = False, logy: bool = False):
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
