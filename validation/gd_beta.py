@@ -583,3 +583,99 @@ def ltb_spurious_minimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
               "training endpoints within the same 1% optimisation allowance as gd_beta.sgd_reaches_optimum",
         passed=bool(passed), details=rows,
         notes="From the label-copy initialisation (b = 1) every seed reaches R* (gd_beta.sgd_reaches_optimum).")
+
+
+# ==================================================================================================
+# `attnflow solve gd-beta`
+# ==================================================================================================
+
+SOLVE_PARAMETERS = {
+    "d": "dimension (default 2, or the size of H)",
+    "N": "context length (default 10)",
+    "sigma2": "noise variance σ² (default 0.25)",
+    "H": "feature covariance: a scalar (·I), a comma list (diagonal) or rows 'a,b;c,d' (default 1)",
+    "Psi": "task covariance, same forms as H (default 1)",
+    "beta_star": "task mean as a comma list (default beta_norm·e₁)",
+    "beta_norm": "‖β*‖ when beta_star is not given (default 1)",
+    "bayes_contexts": "Monte-Carlo contexts for the Bayes risk (default 20000)",
+    "seed": "seed of the Bayes Monte Carlo (default 0)",
+}
+
+
+def problem_from_params(params: dict) -> GDBetaProblem:
+    """A GDBetaProblem from ``--param`` values (see ``SOLVE_PARAMETERS``)."""
+    unknown = set(params) - set(SOLVE_PARAMETERS)
+    if unknown:
+        raise ValueError(f"unknown gd-beta parameter(s) {sorted(unknown)}; known: {', '.join(SOLVE_PARAMETERS)}")
+    shaped = [np.asarray(params[k]) for k in ("H", "Psi") if k in params and np.ndim(params[k]) > 0]
+    d = int(params.get("d", len(shaped[0]) if shaped else 2))
+    if d < 1:
+        raise ValueError(f"d must be >= 1, got {d}")
+
+    def matrix(name):
+        value = np.asarray(params.get(name, 1.0), dtype=float)
+        if value.ndim == 0:
+            return float(value) * np.eye(d)
+        if value.ndim == 1:
+            if value.size != d:
+                raise ValueError(f"{name} must have {d} diagonal entries, got {value.size}")
+            return np.diag(value)
+        return value
+
+    if "beta_star" in params:
+        beta_star = np.atleast_1d(np.asarray(params["beta_star"], dtype=float))
+    else:
+        beta_star = np.zeros(d)
+        beta_star[0] = float(params.get("beta_norm", 1.0))
+    N = params.get("N", 10)
+    if float(N) != int(N):
+        raise ValueError(f"N must be an integer, got {N}")
+    return GDBetaProblem(H=matrix("H"), Psi=matrix("Psi"), beta_star=beta_star,
+                         sigma2=float(params.get("sigma2", 0.25)), N=int(N))
+
+
+def solve(params: dict, want_figure: bool = False):
+    """Every closed form of the system at one problem, the Bayes risk by Monte Carlo and the gradient flow."""
+    problem = problem_from_params(params)
+    n_contexts = int(params.get("bayes_contexts", 20_000))
+    seed = int(params.get("seed", 0))
+    if n_contexts < 2 or seed < 0:
+        raise ValueError("bayes_contexts must be >= 2 and seed >= 0")
+    R_star = cf.optimal_risk(problem)
+    lsa = cf.optimal_attention_risk(problem, mlp=False)
+    ltb = cf.optimal_attention_risk(problem, mlp=True)
+    bayes = dyn.bayes_risk(problem, n_contexts, seed)
+    rates = cf.local_rates(problem)
+    flow = dyn.population_trajectory(problem)
+    summary = {
+        "d": problem.d, "N": problem.N, "sigma2": problem.sigma2, "SNR tr(HΨ)/σ²": cf.snr(problem),
+        "‖β*‖_H": problem.beta_norm_H,
+        "R* optimal GD-β risk (Thm 5.2)": R_star,
+        "β₀* = β*": problem.beta_star,
+        "Γ* (5.3)": cf.optimal_gamma(problem),
+        "inf LTB risk (Thm 5.3, = R*)": ltb.risk,
+        "inf LSA risk (spec §6)": lsa.risk,
+        "LSA gap inf LSA − R* (Thm 4.1)": lsa.risk - R_star,
+        "optimal GD-0 risk (LSA upper bound)": cf.gd0_optimal_risk(problem),
+        "Bayes risk (Lemma 6.1, MC)": bayes.mean,
+        "Bayes risk standard error": bayes.standard_error,
+        "excess ratio GD-β/Bayes (Cor 6.2)": (R_star - problem.sigma2) / (bayes.mean - problem.sigma2),
+        "local rate β₀": rates.beta,
+        "local rate Γ": rates.gamma_mode,
+        "flow: t_end": flow.times[-1],
+        "flow: final excess risk": flow.metrics["excess_risk"][-1],
+        "flow: right-hand-side evaluations": flow.info["n_rhs_evals"],
+    }
+    figure = None
+    if want_figure:
+        figure, (ax_flow, ax_risk) = plots.figure(ncols=2)
+        t = flow.times
+        for key, label in (("excess_risk", "R − R*"), ("beta_error", "‖β₀ − β*‖"), ("gamma_error", "‖Γ − Γ*‖_F")):
+            ax_flow.plot(t[1:], flow.metrics[key][1:], label=label)
+        plots.finish(ax_flow, "Gradient flow from (0, 0)", "t", "error", logx=True, logy=True)
+        names = ["σ²", "Bayes", "R* (GD-β = LTB)", "inf LSA", "GD-0"]
+        values = [problem.sigma2, bayes.mean, R_star, lsa.risk, cf.gd0_optimal_risk(problem)]
+        ax_risk.bar(names, values, color=["gray", "tab:green", "tab:blue", "tab:orange", "tab:red"])
+        ax_risk.tick_params(axis="x", labelsize=8)
+        plots.finish(ax_risk, f"Risks at N = {problem.N}", "", "ICL risk")
+    return summary, figure
