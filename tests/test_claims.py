@@ -1,0 +1,90 @@
+"""The claims framework: selection, seeding, the ERROR safety net, and claims that can fail."""
+import numpy as np
+import pytest
+
+import closed_forms.gd_beta as cf
+from validation import claims as framework
+from validation.claims import Claim, Outcome, run_claim, select
+
+
+def _fake(function, quick=None):
+    return Claim("fake.claim", "nowhere", "a claim for testing", function, quick or {}, {})
+
+
+def test_select_systems_claims_and_aliases():
+    everything = select([])
+    system = select(["gd-beta"])
+    assert [c.name for c in system] == [c.name for c in select(["gd_beta"])]
+    assert {c.name for c in system} <= {c.name for c in everything}
+    assert [c.name for c in select(["gd_beta.lsa_gap", "gd-beta.lsa_gap"])] == ["gd_beta.lsa_gap"]
+    with pytest.raises(ValueError, match="unknown claim or system 'scb.nope'"):
+        select(["scb.nope"])
+
+
+def test_every_claim_states_its_reference_and_has_both_settings():
+    for c in framework.registry().values():
+        assert c.reference and c.statement and c.quick and c.full
+        assert set(c.quick) == set(c.full), c.name
+
+
+def test_a_non_finite_measurement_is_an_error_not_a_pass():
+    result = run_claim(_fake(lambda seed: Outcome({"x": float("nan")}, {"x": 1.0}, "t", "b", passed=True)))
+    assert result.status == "ERROR" and "not finite" in result.notes
+
+
+def test_a_crashing_claim_is_reported():
+    def boom(seed):
+        raise RuntimeError("kaput")
+
+    result = run_claim(_fake(boom))
+    assert result.status == "ERROR" and "kaput" in result.notes
+
+
+def test_unknown_override_is_rejected():
+    with pytest.raises(ValueError, match="has no setting"):
+        run_claim(_fake(lambda seed, n: None, quick=dict(n=1)), m=2)
+
+
+def test_claim_seed_depends_on_seed_and_name_only():
+    c = select(["gd_beta.risk_formula"])[0]
+    assert c.seed_sequence(3).generate_state(2).tolist() == c.seed_sequence(3).generate_state(2).tolist()
+    assert c.seed_sequence(3).generate_state(2).tolist() != c.seed_sequence(4).generate_state(2).tolist()
+
+
+def test_same_seed_same_numbers():
+    c = select(["gd_beta.bayes_factor_needs_bounded_snr"])[0]
+    a, b = run_claim(c, seed=5, n_contexts=2000), run_claim(c, seed=5, n_contexts=2000)
+    assert a.measured == b.measured and a.details == b.details
+
+
+# ---- claims can fail: break the closed form, the claim must notice --------------------------------------
+def test_risk_claim_fails_when_the_closed_form_is_wrong(monkeypatch):
+    real = cf.icl_risk
+    monkeypatch.setattr(cf, "icl_risk", lambda *args: 1.05 * real(*args))
+    result = run_claim(select(["gd_beta.risk_formula"])[0], seed=0)
+    assert result.status == "FAIL"
+
+
+def test_optimum_claim_fails_when_gamma_star_is_wrong(monkeypatch):
+    real = cf.optimal_gamma
+    monkeypatch.setattr(cf, "optimal_gamma", lambda problem: 0.98 * real(problem))
+    result = run_claim(select(["gd_beta.optimal_parameters"])[0], seed=0, n_starts=1, n_prompts=2000)
+    assert result.status == "FAIL"
+
+
+def test_flow_claim_fails_when_the_predicted_rate_is_wrong(monkeypatch):
+    real = cf.local_rates
+
+    def off(problem):
+        rates = real(problem)
+        return cf.LocalRates(beta=1.1 * rates.beta, gamma_mode=rates.gamma_mode, gamma_tail=rates.gamma_tail,
+                             beta_uniform=rates.beta_uniform)
+
+    monkeypatch.setattr(cf, "local_rates", off)
+    assert run_claim(select(["gd_beta.gradient_flow_converges"])[0], seed=0, n_random_starts=0).status == "FAIL"
+
+
+def test_sgd_claim_fails_when_training_is_too_short():
+    result = run_claim(select(["gd_beta.sgd_reaches_optimum"])[0], seed=0, steps=20, seeds=2)
+    assert result.status == "FAIL"
+    assert all(np.isfinite(v) for v in result.measured.values())

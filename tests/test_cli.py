@@ -1,0 +1,76 @@
+"""The command line end to end, in subprocesses as a user runs it."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+FAST_CLAIMS = ["gd_beta.risk_formula", "gd-beta.bayes_factor_needs_bounded_snr"]
+
+
+def attnflow(*args, check_exit=None):
+    result = subprocess.run([sys.executable, "-m", "validation.cli", *args], capture_output=True, text=True,
+                            timeout=600)
+    if check_exit is not None:
+        assert result.returncode == check_exit, result.stderr
+    return result
+
+
+def test_check_json_is_stable_and_parsable():
+    result = attnflow("check", *FAST_CLAIMS, "--json", "--seed", "3", "--no-progress", check_exit=0)
+    document = json.loads(result.stdout)
+    assert document["schema"] == "attnflow.check/1"
+    assert document["seed"] == 3 and document["setting"] == "quick"
+    assert document["summary"] == dict(total=2, passed=2, failed=0, errors=0, seconds=document["summary"]["seconds"])
+    names = [r["name"] for r in document["results"]]
+    assert names == ["gd_beta.risk_formula", "gd_beta.bayes_factor_needs_bounded_snr"]
+    for r in document["results"]:
+        assert set(r) >= {"name", "system", "reference", "statement", "status", "passed", "measured", "predicted",
+                          "tolerance", "basis", "details", "notes", "setting", "seed", "seconds"}
+        assert r["status"] == "PASS" and r["tolerance"] and r["basis"]
+
+
+def test_check_table_and_report(tmp_path):
+    result = attnflow("check", FAST_CLAIMS[0], "--report", str(tmp_path / "out"), "--no-progress", check_exit=0)
+    assert "PASS" in result.stdout and "gd_beta.risk_formula" in result.stdout
+    assert "1 of 1 claims passed" in result.stdout
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## gd_beta.risk_formula" in report and "figures/gd_beta.risk_formula.png" in report
+    png = tmp_path / "out" / "figures" / "gd_beta.risk_formula.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_list_names_every_claim():
+    from validation.claims import registry
+
+    out = attnflow("list", check_exit=0).stdout
+    for name in registry():
+        assert name in out
+
+
+def test_solve_gd_beta_json_and_plot(tmp_path):
+    out = attnflow("solve", "gd-beta", "--param", "N=10", "--param", "sigma2=0.25", "--param", "bayes_contexts=2000",
+                   "--json", "--plot", str(tmp_path / "f.png"), check_exit=0).stdout
+    summary = json.loads(out)
+    assert summary["R* optimal GD-β risk (Thm 5.2)"] == pytest.approx(0.7405660377, abs=1e-9)
+    assert (tmp_path / "f.png").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["check", "nope"], "unknown claim or system 'nope'"),
+        (["check", "--seed", "-1"], "--seed must be a non-negative integer"),
+        (["solve", "gd-beta", "--param", "H=1,-1"], "H must be positive semi-definite"),
+        (["solve", "gd-beta", "--param", "N=0"], "N must be >= 1"),
+        (["solve", "gd-beta", "--param", "sigma2=abc"], "parameter sigma2 must be a number"),
+        (["solve", "gd-beta", "--param", "colour=3"], "unknown gd-beta parameter"),
+        (["solve", "scb"], "unknown system 'scb'"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, message):
+    result = attnflow(*args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
