@@ -534,29 +534,35 @@ def beta_curvature(problem: GDBetaProblem, Gamma) -> np.ndarray:
 
 def risk_gradient(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
     """(∇_{β₀} R, ∇_Γ R) in closed form (G.4, G.5): (2B(Γ)(β₀ − β*), −2HSH + 2HΓ[(N+1)/N HSH + (tr HS + σ²)/N H])."""
-    dbeta, dGamma = _flow_field(np.asarray(beta0, float), np.asarray(Gamma, float), problem.H, problem.Psi,
-                                problem.beta_star, problem.sigma2, float(problem.N))
+    H, Psi = problem.H, problem.Psi
+    dbeta, dGamma = _flow_field(np.asarray(beta0, float), np.asarray(Gamma, float), H, H @ Psi @ H,
+                                float(np.trace(H @ Psi)), problem.beta_star, problem.sigma2, float(problem.N))
     return -dbeta, -dGamma
 
 
 @njit(cache=True)
-def _flow_field(beta0, Gamma, H, Psi, beta_star, sigma2, N):
+def _flow_field(beta0, Gamma, H, HPsiH, tr_HPsi, beta_star, sigma2, N):
     """−∇R at (β₀, Γ), spec §9 (boxed):
     β̇₀ = −2B(Γ)(β₀ − β*), B(Γ) = (I − HΓᵀ)H(I − ΓH) + (1/N)HΓᵀHΓH + (1/N)tr(ΓᵀHΓH) H,
     Γ̇ = 2HSH − 2HΓ[(N+1)/N HSH + (tr(HS) + σ²)/N H],  S = Ψ + (β₀ − β*)(β₀ − β*)ᵀ.
+
+    Cost: three d×d products. HSH = HΨH + (He)(He)ᵀ and tr(HS) = tr(HΨ) + eᵀHe with HΨH, tr(HΨ) precomputed;
+    B(Γ)e by matrix-vector products; tr(ΓᵀHΓH) = Σ (HΓ) ∘ (ΓH).
     """
-    d = beta0.size
     e = beta0 - beta_star
-    S = Psi + np.outer(e, e)
-    HSH = H @ S @ H
-    tr_HS = np.trace(H @ S)
+    He = H @ e
+    HSH = HPsiH + np.outer(He, He)
+    tr_HS = tr_HPsi + e @ He
+    HG = H @ Gamma
     GH = Gamma @ H
-    M = np.eye(d) - GH
-    HGH = H @ GH
-    tr_GtHGH = np.sum(Gamma * HGH)  # tr(ΓᵀHΓH) = <Γ, HΓH>_F
-    B = M.T @ H @ M + GH.T @ HGH / N + tr_GtHGH / N * H
-    dbeta = -2.0 * (B @ e)
-    dGamma = 2.0 * HSH - 2.0 * (H @ Gamma) @ ((N + 1.0) / N * HSH + (tr_HS + sigma2) / N * H)
+    tr_GtHGH = np.sum(HG * GH)
+    GHe = Gamma @ He
+    Me = e - GHe  # (I − ΓH)e
+    # B e = (I − HΓᵀ) H (I − ΓH) e + (1/N) H Γᵀ H Γ H e + (1/N) tr(ΓᵀHΓH) H e
+    HMe = H @ Me
+    Be = HMe - H @ (Gamma.T @ HMe) + H @ (Gamma.T @ (H @ GHe)) / N + tr_GtHGH / N * He
+    dbeta = -2.0 * Be
+    dGamma = 2.0 * HSH - 2.0 * HG @ ((N + 1.0) / N * HSH + (tr_HS + sigma2) / N * H)
     return dbeta, dGamma
 
 
@@ -569,12 +575,14 @@ def gradient_flow_rhs(t, y, params):
     d = int(params[0])
     N = params[1]
     sigma2 = params[2]
-    H = params[3:3 + d * d].copy().reshape((d, d))
-    Psi = params[3 + d * d:3 + 2 * d * d].copy().reshape((d, d))
-    beta_star = params[3 + 2 * d * d:3 + 2 * d * d + d].copy()
+    tr_HPsi = params[3]
+    offset = 4
+    H = params[offset:offset + d * d].copy().reshape((d, d))
+    HPsiH = params[offset + d * d:offset + 2 * d * d].copy().reshape((d, d))
+    beta_star = params[offset + 2 * d * d:offset + 2 * d * d + d].copy()
     beta0 = y[:d].copy()
     Gamma = y[d:].copy().reshape((d, d))
-    dbeta, dGamma = _flow_field(beta0, Gamma, H, Psi, beta_star, sigma2, N)
+    dbeta, dGamma = _flow_field(beta0, Gamma, H, HPsiH, tr_HPsi, beta_star, sigma2, N)
     out = np.empty(d + d * d)
     out[:d] = dbeta
     out[d:] = dGamma.ravel()
@@ -582,9 +590,10 @@ def gradient_flow_rhs(t, y, params):
 
 
 def pack_flow_params(problem: GDBetaProblem) -> np.ndarray:
-    """Flat parameter array for :func:`gradient_flow_rhs`: (d, N, σ², vec H, vec Ψ, β*)."""
-    return np.concatenate([[problem.d, problem.N, problem.sigma2], problem.H.ravel(), problem.Psi.ravel(),
-                           problem.beta_star])
+    """Flat parameter array for :func:`gradient_flow_rhs`: (d, N, σ², tr(HΨ), vec H, vec HΨH, β*)."""
+    H = problem.H
+    return np.concatenate([[problem.d, problem.N, problem.sigma2, np.trace(H @ problem.Psi)], H.ravel(),
+                           (H @ problem.Psi @ H).ravel(), problem.beta_star])
 
 
 def flow_state(beta0, Gamma) -> np.ndarray:

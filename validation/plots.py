@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 THEORY = dict(color="black", linestyle="--", linewidth=1.4)
 SIMULATION = dict(marker="o", linestyle="none", markersize=4, capsize=3)
@@ -35,8 +36,10 @@ def finish(ax, title: str, xlabel: str, ylabel: str, logx: bool = False, logy: b
     ax.set_ylabel(ylabel)
     if logx:
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short decades
     if logy:
         ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
