@@ -13,7 +13,7 @@ from closed_forms import gd_beta as cf
 from closed_forms.gd_beta import GDBetaProblem
 from closed_forms import validation as check
 
-from .integrate import dopri5_loop, solve_dopri5
+from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from .montecarlo import MonteCarloMean, SeedLike, Trajectory, generators, monte_carlo_mean, seed_sequence
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "bayes_risk",
     "population_trajectory",
     "MODELS",
+    "make_model",
     "minibatch_trajectory",
 ]
 
@@ -264,20 +265,38 @@ def _ltb_batch_gradient(X, y, x_query, y_query, U, V, K, mlp):
     return loss / n, gU, gV, gK
 
 
-class _Adam:
-    """Adam (Kingma & Ba 2015) on a list of arrays, with a cosine learning-rate decay to ``lr * final_fraction``."""
+class _Optimizer:
+    """A step on a list of arrays in place, with a cosine learning-rate decay to ``lr * final_fraction``."""
 
-    def __init__(self, params, lr, steps, final_fraction=0.01, beta1=0.9, beta2=0.999, eps=1e-8):
+    def __init__(self, params, lr, steps, final_fraction=0.01):
         self.params, self.lr, self.steps, self.final = params, lr, steps, final_fraction
-        self.beta1, self.beta2, self.eps = beta1, beta2, eps
-        self.m = [np.zeros_like(p) for p in params]
-        self.v = [np.zeros_like(p) for p in params]
         self.k = 0
 
-    def step(self, grads):
+    def learning_rate(self):
         self.k += 1
         progress = min(self.k / self.steps, 1.0)
-        lr = self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
+        return self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
+
+
+class _SGD(_Optimizer):
+    def step(self, grads):
+        lr = self.learning_rate()
+        for p, g in zip(self.params, grads):
+            p -= lr * g
+
+
+class _Adam(_Optimizer):
+    """Adam (Kingma & Ba 2015) with the default β₁ = 0.9, β₂ = 0.999, ε = 1e-8."""
+
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+
+    def __init__(self, params, lr, steps, final_fraction=0.01):
+        super().__init__(params, lr, steps, final_fraction)
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+
+    def step(self, grads):
+        lr = self.learning_rate()
         c1, c2 = 1 - self.beta1**self.k, 1 - self.beta2**self.k
         for p, g, m, v in zip(self.params, grads, self.m, self.v):
             m *= self.beta1
@@ -287,21 +306,10 @@ class _Adam:
             p -= lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
 
 
-class _SGD(_Adam):
-    """Plain SGD with the same cosine decay."""
-
-    def step(self, grads):
-        self.k += 1
-        progress = min(self.k / self.steps, 1.0)
-        lr = self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
-        for p, g in zip(self.params, grads):
-            p -= lr * g
-
-
 class _GDBetaModel:
     """GD-β (5.1) with parameters (β₀, Γ), initialised at (0, 0)."""
 
-    def __init__(self, problem, rng, init_scale, width):
+    def __init__(self, problem):
         self.problem = problem
         self.params = [np.zeros(problem.d), np.zeros((problem.d, problem.d))]
 
@@ -364,7 +372,7 @@ class _ReducedAttentionModel(_AttentionModel):
     that reaches the output, as in the spec's SGD experiment (§10). It is the factorised model with
     U = e_{d+1}(cᵀ, 0), V = e_{d+1}(aᵀ, b), K = [[Q, ·], [qᵀ, ·]], so the same gradient kernel serves."""
 
-    def __init__(self, problem, rng, init_scale, width, mlp, value_init):
+    def __init__(self, problem, rng, init_scale, mlp, value_init):
         d = problem.d
         self.problem, self.mlp, self.label_copy_init = problem, mlp, value_init == "label_copy"
         self.names = (["c"] if mlp else []) + ["a", "b", "Q", "q"]
@@ -394,15 +402,20 @@ class _ReducedAttentionModel(_AttentionModel):
         return loss, [grads[name] for name in self.names]
 
 
-MODELS = {
-    "gd_beta": lambda problem, rng, scale, width, value_init: _GDBetaModel(problem, rng, scale, width),
-    "ltb": lambda problem, rng, scale, width, value_init: _ReducedAttentionModel(problem, rng, scale, width, True,
-                                                                                 value_init),
-    "lsa": lambda problem, rng, scale, width, value_init: _ReducedAttentionModel(problem, rng, scale, width, False,
-                                                                                 value_init),
-    "ltb_weights": lambda problem, rng, scale, width, value_init: _AttentionModel(problem, rng, scale, width, True),
-    "lsa_weights": lambda problem, rng, scale, width, value_init: _AttentionModel(problem, rng, scale, width, False),
-}
+MODELS = ("gd_beta", "ltb", "lsa", "ltb_weights", "lsa_weights")
+
+
+def make_model(name: str, problem: GDBetaProblem, rng, init_scale: float = 0.3, width: int | None = None,
+               value_init: str = "label_copy"):
+    """A trainable model (see :func:`minibatch_trajectory`): ``params``, ``gradient(batch)``, ``risk()``."""
+    if name == "gd_beta":
+        return _GDBetaModel(problem)
+    mlp = name.startswith("ltb")
+    if name.endswith("_weights"):
+        return _AttentionModel(problem, rng, init_scale, width, mlp)
+    return _ReducedAttentionModel(problem, rng, init_scale, mlp, value_init)
+
+
 VALUE_INITS = ("label_copy", "random")
 OPTIMIZERS = {"adam": _Adam, "sgd": _SGD}
 
@@ -431,8 +444,6 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
 
     Raises ``DivergenceError`` naming the step if the loss or a parameter stops being finite.
     """
-    from .integrate import DivergenceError
-
     if model not in MODELS:
         raise ValueError(f"model must be one of {sorted(MODELS)}, got {model!r}")
     if value_init not in VALUE_INITS:
@@ -445,7 +456,7 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
     record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)
     init_rng, data_rng = generators(seed_sequence(seed), 2)
-    net = MODELS[model](problem, init_rng, init_scale, width, value_init)
+    net = make_model(model, problem, init_rng, init_scale, width, value_init)
     opt = OPTIMIZERS[optimizer](net.params, lr, steps)
     times, risks, losses, states = [0], [net.risk()], [np.nan], [net.state()]
     for step in range(1, steps + 1):

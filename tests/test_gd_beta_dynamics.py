@@ -54,7 +54,7 @@ def test_gd_beta_batch_gradient_matches_finite_differences(problem):
 @pytest.mark.parametrize("model", ["ltb", "lsa", "ltb_weights", "lsa_weights"])
 def test_attention_gradients_match_finite_differences_of_the_forward_pass(problem, model):
     """Chain rule through the products and the factors, against the full token-matrix forward pass (3.3)."""
-    net = dyn.MODELS[model](problem, np.random.default_rng(4), 0.5, None, "random")
+    net = dyn.make_model(model, problem, np.random.default_rng(4), 0.5, value_init="random")
     p = dyn.sample_prompts(problem, 32, np.random.default_rng(5))
     E = dyn.token_matrices(p)
 
@@ -78,7 +78,7 @@ def test_attention_gradients_match_finite_differences_of_the_forward_pass(proble
 
 def test_attention_model_risk_matches_monte_carlo(problem):
     """The exact risk reported during training is the sampled risk of the same parameters."""
-    net = dyn.MODELS["ltb_weights"](problem, np.random.default_rng(6), 0.5, None, "random")
+    net = dyn.make_model("ltb_weights", problem, np.random.default_rng(6), 0.5)
     U, V, K = net.products()
     mc = dyn.monte_carlo_risk(problem, lambda p: cf.ltb_forward(dyn.token_matrices(p), U, V, K), 100_000, 7)
     assert_within_standard_errors(mc.mean, mc.standard_error, net.risk())
