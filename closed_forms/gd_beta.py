@@ -197,6 +197,18 @@ def _omega_of(problem: GDBetaProblem, S_tilde: np.ndarray) -> np.ndarray:
     return (N + 1) / N * S_tilde + (np.trace(S_tilde) + problem.sigma2) / N * np.eye(problem.d)
 
 
+def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
+    """Validated (β₀, Γ): finite, shapes (..., d) and (..., d, d)."""
+    d = problem.d
+    beta0 = check.finite_array(beta0, "beta0")
+    Gamma = check.finite_array(Gamma, "Gamma")
+    if beta0.ndim < 1 or beta0.shape[-1] != d:
+        raise ValueError(f"beta0 must have shape (..., {d}), got {beta0.shape}")
+    if Gamma.ndim < 2 or Gamma.shape[-2:] != (d, d):
+        raise ValueError(f"Gamma must have shape (..., {d}, {d}), got {Gamma.shape}")
+    return beta0, Gamma
+
+
 def icl_risk(problem: GDBetaProblem, beta0, Gamma) -> np.ndarray:
     """Closed-form ICL risk R(β₀, Γ) of GD-β, spec §3 (boxed), any PSD H, Ψ and any Γ.
 
@@ -214,8 +226,7 @@ def icl_risk(problem: GDBetaProblem, beta0, Gamma) -> np.ndarray:
     ndarray, shape (...)
     """
     H, N, sigma2 = problem.H, problem.N, problem.sigma2
-    beta0 = np.asarray(beta0, dtype=float)
-    Gamma = np.asarray(Gamma, dtype=float)
+    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
     e = problem.beta_star - beta0
     S = problem.Psi + e[..., :, None] * e[..., None, :]
     HS = H @ S
@@ -266,9 +277,10 @@ def excess_risk_parts(problem: GDBetaProblem, beta0, Gamma) -> tuple[float, floa
     """
     problem.require_optimum_defined()
     d, N = problem.d, problem.N
+    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
     Hh = problem.H_half
-    mu = Hh @ (problem.beta_star - np.asarray(beta0, dtype=float))
-    Gt = Hh @ np.asarray(Gamma, dtype=float) @ Hh
+    mu = Hh @ (problem.beta_star - beta0)
+    Gt = Hh @ Gamma @ Hh
     Om = omega(problem)
     I_minus = np.eye(d) - Gt
     A = I_minus.T @ I_minus + Gt.T @ Gt / N + np.sum(Gt * Gt) / N * np.eye(d)
@@ -400,9 +412,9 @@ def readout_moments(problem: GDBetaProblem, a, b: float, *, constant: bool):
     Xi : ndarray, shape (d, d)  E[ββᵀ] = Ψ + β*β*ᵀ
     """
     H, Psi, bs, N, s2 = problem.H, problem.Psi, problem.beta_star, problem.N, problem.sigma2
-    a = np.asarray(a, dtype=float)
-    b = float(b)
     d = problem.d
+    a = check.finite_array(a, "a", shape=(d,))
+    b = check.real(float(b), "b")
     Xi = Psi + np.outer(bs, bs)
     w0 = a + b * bs
     S_w = np.outer(w0, w0) + b * b * Psi
@@ -449,7 +461,7 @@ def readout_risk(problem: GDBetaProblem, a, b: float, W, *, constant: bool) -> f
     W : shape (d, d+2) = [c, Qᵀ, q] for LTB (``constant=True``) or (d, d+1) = [Qᵀ, q] for LSA.
     """
     P, C, Xi = readout_moments(problem, a, b, constant=constant)
-    W = np.asarray(W, dtype=float)
+    W = check.finite_array(W, "W", shape=C.shape)
     return float(problem.sigma2 + np.trace(problem.H @ (Xi - W @ C.T - C @ W.T + W @ P @ W.T)))
 
 
@@ -535,7 +547,10 @@ def beta_curvature(problem: GDBetaProblem, Gamma) -> np.ndarray:
 def risk_gradient(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
     """(∇_{β₀} R, ∇_Γ R) in closed form (G.4, G.5): (2B(Γ)(β₀ − β*), −2HSH + 2HΓ[(N+1)/N HSH + (tr HS + σ²)/N H])."""
     H, Psi = problem.H, problem.Psi
-    dbeta, dGamma = _flow_field(np.asarray(beta0, float), np.asarray(Gamma, float), H, H @ Psi @ H,
+    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
+    if beta0.ndim != 1:
+        raise ValueError("risk_gradient takes a single (beta0, Gamma), not a batch")
+    dbeta, dGamma = _flow_field(np.ascontiguousarray(beta0), np.ascontiguousarray(Gamma), H, H @ Psi @ H,
                                 float(np.trace(H @ Psi)), problem.beta_star, problem.sigma2, float(problem.N))
     return -dbeta, -dGamma
 

@@ -271,3 +271,39 @@ def test_large_context_ratio_limit_and_sandwich():
     assert cf.large_context_ratio_limit(problem) == pytest.approx(1.765625)  # spec §8 table: 1.766
     lower, upper = cf.excess_risk_sandwich(problem)
     assert lower <= cf.optimal_risk(problem) - problem.sigma2 <= upper
+
+
+# ---- bad parameters and a property test ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda p: cf.icl_risk(p, [np.nan, 0.0], np.eye(2)), "beta0 must be finite"),
+        (lambda p: cf.icl_risk(p, np.zeros(3), np.eye(2)), r"beta0 must have shape \(\.\.\., 2\)"),
+        (lambda p: cf.icl_risk(p, np.zeros(2), np.eye(3)), r"Gamma must have shape"),
+        (lambda p: cf.risk_gradient(p, np.zeros(2), [[np.inf, 0], [0, 1]]), "Gamma must be finite"),
+        (lambda p: cf.readout_moments(p, [1.0], 1.0, constant=True), "a must have shape"),
+        (lambda p: cf.readout_risk(p, [1.0, 0.0], 1.0, np.ones((2, 3)), constant=True), "W must have shape"),
+    ],
+)
+def test_bad_parameters_are_value_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(GDBetaProblem.isotropic())
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_entries = st.floats(min_value=-3.0, max_value=3.0, allow_nan=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(beta0=st.lists(_entries, min_size=3, max_size=3), gamma=st.lists(_entries, min_size=9, max_size=9),
+       kind=st.sampled_from(sorted(INSTANCES)))
+def test_no_parameter_beats_the_optimal_risk(beta0, gamma, kind):
+    """Theorem 5.2 as a property: R(β₀, Γ) >= R* for every (β₀, Γ), and the decomposition is exact."""
+    problem = random_problem(kind)
+    Gamma = np.reshape(gamma, (3, 3))
+    risk = float(cf.icl_risk(problem, beta0, Gamma))
+    R_star = cf.optimal_risk(problem)
+    assert risk >= R_star - 1e-10 * max(1.0, risk)
+    assert sum(cf.excess_risk_parts(problem, beta0, Gamma)) == pytest.approx(risk - R_star, rel=1e-8, abs=1e-10)
