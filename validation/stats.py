@@ -71,3 +71,90 @@ def fit_power_law(x, y) -> RateFit:
     x = np.asarray(x, float)
     y = np.asarray(y, float)
     return _fit(np.log(x), np.log(y))
+
+
+# ==================================================================================================
+# Scaling laws across a sweep: exponent fits with bootstrap intervals over seeds
+# ==================================================================================================
+
+FIT_KINDS = ("loglog", "semilog")
+
+
+@dataclass(frozen=True)
+class ExponentFit:
+    """A scaling exponent with an expanded-percentile bootstrap interval over seeds (Hesterberg, "What teachers
+    should know about the bootstrap", Am. Stat. 69, 2015).
+
+    ``kind="loglog"``: y ≈ C·x^p, ``estimate`` = p. ``kind="semilog"``: y ≈ C·exp(p·x) (so p = −c for exp(−cx)).
+    The interval resamples whole seeds (columns), keeping each seed's values at all x together (paired design).
+    """
+
+    kind: str
+    estimate: float
+    low: float
+    high: float
+    level: float
+    n_boot: int
+    n_seeds: int
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def _slopes(x, log_means):
+    """Least-squares slopes of each row of ``log_means`` (…, n_x) on x (n_x,)."""
+    xc = x - x.mean()
+    return (log_means - log_means.mean(axis=-1, keepdims=True)) @ xc / (xc @ xc)
+
+
+def fit_exponent(x, y, *, kind: str = "loglog", n_boot: int = 2000, level: float = 0.95, seed=0) -> ExponentFit:
+    """Fit the exponent of the seed-mean of ``y`` against ``x`` with a bootstrap interval over seeds.
+
+    Parameters
+    ----------
+    x : array_like, shape (n_x,)
+        Grid values (> 0 for ``loglog``), at least 3 distinct.
+    y : array_like, shape (n_x, n_seeds)
+        One measurement per grid value and seed; seed-means must be > 0.
+    kind : "loglog" or "semilog"
+    n_boot : int
+        Bootstrap resamples of the seeds.
+    level : float
+        Two-sided interval level in (0, 1).
+    seed : int or SeedSequence
+        Seed of the bootstrap resampling.
+    """
+    if kind not in FIT_KINDS:
+        raise ValueError(f"kind must be one of {FIT_KINDS}, got {kind!r}")
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    if y.ndim != 2 or y.shape[0] != x.size:
+        raise ValueError(f"y must have shape (len(x), n_seeds) = ({x.size}, …), got {y.shape}")
+    if np.unique(x).size < 3:
+        raise ValueError("x must hold at least 3 distinct grid values")
+    if y.shape[1] < 2:
+        raise ValueError("a bootstrap over seeds needs at least 2 seeds")
+    if not (0 < level < 1):
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    if not np.all(np.isfinite(y)) or not np.all(np.isfinite(x)):
+        raise ValueError("x and y must be finite")
+    xs = np.log(x) if kind == "loglog" else x
+    if kind == "loglog" and np.any(x <= 0):
+        raise ValueError("x must be > 0 for a log-log fit")
+    means = y.mean(axis=1)
+    if np.any(means <= 0):
+        raise ValueError("the seed-mean of y must be > 0 at every grid value to take logs")
+    estimate = float(_slopes(xs, np.log(means)))
+    rng = np.random.default_rng(seed)
+    n_seeds = y.shape[1]
+    columns = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    boot_means = y[:, columns].mean(axis=2).T  # (n_boot, n_x)
+    valid = np.all(boot_means > 0, axis=1)
+    slopes = _slopes(xs, np.log(boot_means[valid]))
+    # Expanded percentile interval (Hesterberg 2015): the plain percentile bootstrap under-covers with few
+    # seeds (0.91 at nominal 0.95 with 12 seeds); widening α by the t quantile and sqrt(n/(n−1)) fixes that.
+    alpha = (1 - level) / 2
+    expanded = float(_scipy_stats.norm.cdf(np.sqrt(n_seeds / (n_seeds - 1)) * _scipy_stats.t.ppf(alpha, n_seeds - 1)))
+    low, high = np.quantile(slopes, [expanded, 1 - expanded])
+    return ExponentFit(kind=kind, estimate=estimate, low=float(low), high=float(high), level=level,
+                       n_boot=int(valid.sum()), n_seeds=n_seeds)
