@@ -25,6 +25,7 @@ __all__ = [
     "population_trajectory",
     "MODELS",
     "make_model",
+    "minibatch_gradient",
     "minibatch_trajectory",
 ]
 
@@ -263,6 +264,15 @@ def _ltb_batch_gradient(X, y, x_query, y_query, U, V, K, mlp):
             for l in range(d):
                 gK[j, l] += weight / N * G_Vt_u[j] * x_query[i, l]
     return loss / n, gU, gV, gK
+
+
+def minibatch_gradient(problem: GDBetaProblem, prompts: Prompts, beta0, Gamma):
+    """Mean squared loss of GD-β on ``prompts`` and its gradient (β₀, Γ): an unbiased estimate of
+    (R, ∇R) of :func:`closed_forms.gd_beta.icl_risk` / :func:`closed_forms.gd_beta.risk_gradient`."""
+    d = problem.d
+    beta0 = np.ascontiguousarray(check.finite_array(beta0, "beta0", shape=(d,)))
+    Gamma = np.ascontiguousarray(check.finite_array(Gamma, "Gamma", shape=(d, d)))
+    return _gd_beta_batch_gradient(prompts.X, prompts.y, prompts.x_query, prompts.y_query, beta0, Gamma)
 
 
 class _Optimizer:

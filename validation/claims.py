@@ -18,12 +18,16 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "run_claim", "SYSTEMS"]
+__all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "run_claim", "SYSTEMS",
+           "ScalingLaw", "Observable", "observable", "observables"]
 
 # System key -> module holding its claims. Keys are accepted with '_' or '-'.
 SYSTEMS = {"gd_beta": "validation.gd_beta"}
+# Modules with observables that belong to no system (diagnostics of the sweep machinery itself).
+_EXTRA_MODULES = ("validation.sweep",)
 
 _REGISTRY: dict[str, "Claim"] = {}
+_OBSERVABLES: dict[str, "Observable"] = {}
 
 
 @dataclass
@@ -112,8 +116,55 @@ def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict)
     return register
 
 
+@dataclass(frozen=True)
+class ScalingLaw:
+    """What a theorem predicts for an observable across a sweep: ``y`` ∝ x^exponent (``loglog``) or
+    ∝ exp(exponent·x) (``semilog``), where ``x`` is a swept parameter and ``y`` a returned metric."""
+
+    x: str
+    y: str
+    exponent: float
+    kind: str = "loglog"
+    statement: str = ""
+
+
+@dataclass(frozen=True)
+class Observable:
+    """A measurement to sweep: ``function(seed_sequence, **params) -> {metric: number}``."""
+
+    name: str
+    reference: str
+    description: str
+    function: Callable
+    defaults: dict
+    law: ScalingLaw | None = None
+
+    def measure(self, seed: np.random.SeedSequence, **params) -> dict:
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"{self.name} has no parameter(s) {sorted(unknown)}; it takes {sorted(self.defaults)}")
+        return self.function(seed, **{**self.defaults, **params})
+
+
+def observable(name: str, *, reference: str, description: str, defaults: dict, law: ScalingLaw | None = None):
+    """Register ``function(seed_sequence, **params) -> dict`` as the sweepable observable ``name``."""
+
+    def register(function):
+        if name in _OBSERVABLES or name in _REGISTRY:
+            raise ValueError(f"{name!r} is registered twice")
+        _OBSERVABLES[name] = Observable(name, reference, description, function, dict(defaults), law)
+        return function
+
+    return register
+
+
+def observables() -> dict[str, Observable]:
+    _load_systems()
+    return dict(_OBSERVABLES)
+
+
 def _load_systems() -> None:
-    for module in SYSTEMS.values():
+    for module in (*SYSTEMS.values(), *_EXTRA_MODULES):
         importlib.import_module(module)
 
 

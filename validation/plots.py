@@ -43,3 +43,28 @@ def finish(ax, title: str, xlabel: str, ylabel: str, logx: bool = False, logy: b
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
+
+
+def scaling_figure(x, y, fit, law, title: str):
+    """Seed-means (±2 SE) of a sweep, the fitted power/exponential law with its interval, and the theorem's.
+
+    x : (n_x,), y : (n_x, n_seeds); ``fit`` an ExponentFit; ``law`` a ScalingLaw.
+    """
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    means = y.mean(axis=1)
+    ses = y.std(axis=1, ddof=1) / np.sqrt(y.shape[1])
+    loglog = law.kind == "loglog"
+    xs = np.log(x) if loglog else x
+
+    def line(exponent):
+        intercept = np.mean(np.log(means) - exponent * xs)
+        return np.exp(intercept + exponent * xs)
+
+    fig, ax = figure()
+    simulation_points(ax, x, means, ses, label=f"mean {law.y} over {y.shape[1]} seeds (±2 SE)")
+    ax.plot(x, line(fit.estimate), color="tab:blue",
+            label=f"fit {fit.estimate:.3f}, {fit.level:.0%} CI [{fit.low:.3f}, {fit.high:.3f}]")
+    theory_line(ax, x, line(law.exponent), label=f"theory {law.exponent:g}")
+    finish(ax, title, law.x, law.y, logx=loglog, logy=True)
+    return fig

@@ -1,6 +1,7 @@
 """Presenting CheckResults: a terminal table, stable JSON, and a Markdown report with PNG figures."""
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import textwrap
@@ -12,6 +13,7 @@ from .claims import CheckResult
 JSON_SCHEMA = "attnflow.check/1"
 
 
+@functools.lru_cache(maxsize=1)
 def version() -> str:
     try:
         return metadata.version("attnflow")

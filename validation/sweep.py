@@ -1,0 +1,331 @@
+"""Parameter sweeps that survive interruption: a grid × seeds of tasks, run with joblib locally or on a Dask
+cluster, each finished task written to a plain-file result store as it completes.
+
+A task is (target, parameters, seed). The target is a registered observable (``validation.claims.observable``)
+or a claim, whose settings the grid overrides. The store holds one JSON file per finished task, named by a
+content hash of (target, parameters, seed, attnflow version) and written atomically, so a sweep killed at any
+point loses at most the tasks that were still running, and a rerun computes only what is missing. Loading never
+unpickles anything.
+
+Replicate i of a sweep uses the seed ``SeedSequence([master_seed, i])`` at every grid point (a paired design:
+common random numbers across the grid make slope estimates less noisy), so the numbers do not depend on the
+number of workers or on the order in which tasks finish.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import claims as registry_module
+from .claims import ScalingLaw, observable
+from .report import version
+from .stats import ExponentFit, fit_exponent
+
+__all__ = ["Task", "ResultStore", "SweepResult", "parse_grid", "replicate_seed", "run_sweep", "execute_task",
+           "scaling_fit"]
+
+# Identifies the process that computed a record (the kill-and-resume test uses it).
+RUN_ID = uuid.uuid4().hex
+
+
+# ==================================================================================================
+# Tasks and their keys
+# ==================================================================================================
+
+
+def replicate_seed(master_seed: int, replicate: int) -> int:
+    """The integer seed of replicate ``replicate``: SeedSequence([master_seed, replicate]) → 63 bits."""
+    state = np.random.SeedSequence([int(master_seed), int(replicate)]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 31 | int(state[1]) >> 1
+
+
+def _canonical(value):
+    """JSON-stable form of a parameter value (numpy scalars → Python, tuples → lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+@dataclass(frozen=True)
+class Task:
+    target: str
+    params: tuple  # sorted (name, value) pairs
+    seed: int
+    replicate: int
+
+    @property
+    def key(self) -> str:
+        payload = json.dumps(dict(target=self.target, params=[[k, _canonical(v)] for k, v in self.params],
+                                  seed=self.seed, version=version()), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+    def as_dict(self) -> dict:
+        return dict(self.params)
+
+
+def parse_grid(specs: list[str]) -> dict:
+    """``["N=10,20,40", "lr=0.1"]`` → ``{"N": [10, 20, 40], "lr": [0.1]}`` (ints stay ints)."""
+    grid = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        name = name.strip()
+        if not sep or not name or not values.strip():
+            raise ValueError(f"--grid takes NAME=v1,v2,…, got {spec!r}")
+        parsed = []
+        for text in values.split(","):
+            text = text.strip()
+            try:
+                number = float(text)
+            except ValueError:
+                raise ValueError(f"grid values for {name} must be numbers, got {text!r}") from None
+            parsed.append(int(number) if number.is_integer() and "." not in text and "e" not in text.lower()
+                          else number)
+        if name in grid:
+            raise ValueError(f"--grid names {name} twice")
+        grid[name] = parsed
+    return grid
+
+
+def _tasks(target: str, grid: dict, seeds: int, master_seed: int) -> list[Task]:
+    names = sorted(grid)
+    tasks = []
+    for values in itertools.product(*(grid[n] for n in names)):
+        params = tuple(zip(names, values))
+        for i in range(seeds):
+            tasks.append(Task(target, params, replicate_seed(master_seed, i), i))
+    return tasks
+
+
+# ==================================================================================================
+# Executing one task (top-level, so joblib and Dask workers can import it)
+# ==================================================================================================
+
+
+def _numbers_only(values: dict) -> dict:
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, (bool, np.bool_)):
+            out[k] = bool(v)
+        elif isinstance(v, (int, float, np.integer, np.floating)):
+            out[k] = float(v) if math.isfinite(float(v)) else str(float(v))
+    return out
+
+
+def execute_task(task: Task) -> dict:
+    """Run one task and return its record (what the store writes)."""
+    started = time.perf_counter()
+    observables = registry_module.observables()
+    if task.target in observables:
+        result = observables[task.target].measure(np.random.SeedSequence(task.seed), **task.as_dict())
+        result = _numbers_only(result)
+    else:
+        claim = registry_module.select([task.target])[0]
+        outcome = registry_module.run_claim(claim, seed=task.seed, **task.as_dict())
+        result = dict(status=outcome.status, **_numbers_only(outcome.measured))
+    return dict(key=task.key, target=task.target, params=[[k, _canonical(v)] for k, v in task.params],
+                seed=task.seed, replicate=task.replicate, version=version(), result=result,
+                seconds=round(time.perf_counter() - started, 6), run_id=RUN_ID)
+
+
+# ==================================================================================================
+# The store
+# ==================================================================================================
+
+
+class ResultStore:
+    """One JSON file per finished task in ``directory`` (``<key>.json``), written atomically.
+
+    ``directory=None`` keeps records in memory only (for claims that run a small sweep themselves).
+    """
+
+    def __init__(self, directory=None):
+        self.directory = None if directory is None else Path(directory)
+        self._memory: dict[str, dict] = {}
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def has(self, key: str) -> bool:
+        return key in self._memory if self.directory is None else self._path(key).exists()
+
+    def write(self, record: dict) -> None:
+        if self.directory is None:
+            self._memory[record["key"]] = record
+            return
+        # Write to a temporary file in the same directory, then rename: a reader never sees half a record.
+        handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(record, stream, indent=1)
+        os.replace(temporary, self._path(record["key"]))
+
+    def load(self, key: str) -> dict:
+        if self.directory is None:
+            return self._memory[key]
+        with open(self._path(key), encoding="utf-8") as stream:
+            return json.load(stream)
+
+
+# ==================================================================================================
+# Running a sweep
+# ==================================================================================================
+
+
+@dataclass
+class SweepResult:
+    target: str
+    grid: dict
+    seeds: int
+    records: list  # in grid order, seeds innermost
+    computed: int
+    reused: int
+    seconds: float
+    law: ScalingLaw | None = None
+    fit: ExponentFit | None = None
+    extra: dict = field(default_factory=dict)
+
+    def values(self, metric: str, x: str) -> tuple[np.ndarray, np.ndarray]:
+        """(x values, metric array of shape (n_x, seeds)) for a one-parameter sweep over ``x``."""
+        if set(self.grid) != {x}:
+            raise ValueError(f"a scaling fit needs a sweep over {x!r} alone, got grid {sorted(self.grid)}")
+        xs = np.array(self.grid[x], float)
+        ys = np.empty((xs.size, self.seeds))
+        for r in self.records:
+            i = self.grid[x].index(dict(r["params"])[x])
+            value = r["result"].get(metric)
+            if value is None:
+                raise ValueError(f"{self.target} did not return metric {metric!r} (it returns {sorted(r['result'])})")
+            ys[i, r["replicate"]] = float(value)
+        return xs, ys
+
+
+def _target_law(target: str) -> ScalingLaw | None:
+    obs = registry_module.observables().get(target)
+    return obs.law if obs is not None else None
+
+
+def _validate_target(target: str, grid: dict) -> None:
+    obs = registry_module.observables().get(target)
+    if obs is not None:
+        unknown = set(grid) - set(obs.defaults)
+        if unknown:
+            raise ValueError(f"{target} has no parameter(s) {sorted(unknown)}; it takes {sorted(obs.defaults)}")
+        return
+    claim = registry_module.select([target])[0]  # raises ValueError for an unknown name
+    if claim.name != target.replace("-", "_"):
+        raise ValueError(f"sweep a single claim or observable, not the system {target!r}")
+    unknown = set(grid) - set(claim.quick)
+    if unknown:
+        raise ValueError(f"{target} has no setting(s) {sorted(unknown)}; it takes {sorted(claim.quick)}")
+
+
+def run_sweep(target: str, grid: dict, *, seeds: int = 8, master_seed: int = 0, store=None, n_jobs: int = -1,
+              scheduler: str | None = None, progress: bool = False) -> SweepResult:
+    """Run ``target`` over the product of ``grid`` × ``seeds`` replicates, skipping tasks already in ``store``.
+
+    Parameters
+    ----------
+    target : str
+        A registered observable or claim (``attnflow sweep --list`` shows the observables).
+    grid : dict[str, list]
+        Parameter values; the product is swept.
+    seeds : int
+        Replicates per grid point (>= 1; >= 8 for a trustworthy bootstrap interval).
+    store : path, ResultStore or None
+        Where finished tasks go; ``None`` keeps them in memory.
+    n_jobs : int
+        joblib workers (``-1``: all cores; ``1``: in this process).
+    scheduler : str, optional
+        Address of a ``dask.distributed`` scheduler; when given, Dask runs the tasks instead of joblib.
+    progress : bool
+        Show a tqdm bar over tasks.
+    """
+    target = target.replace("-", "_") if "." in target else target
+    if not grid:
+        raise ValueError("the grid is empty: give at least one --grid NAME=v1,v2")
+    if isinstance(seeds, bool) or int(seeds) != seeds or seeds < 1:
+        raise ValueError(f"seeds must be a positive integer, got {seeds}")
+    if master_seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {master_seed}")
+    _validate_target(target, grid)
+    store = store if isinstance(store, ResultStore) else ResultStore(store)
+    tasks = _tasks(target, grid, int(seeds), master_seed)
+    pending = [t for t in tasks if not store.has(t.key)]
+    started = time.perf_counter()
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(pending), desc=target, unit="task",
+               disable=not progress or None)
+    try:
+        for record in _execute(pending, n_jobs=n_jobs, scheduler=scheduler):
+            store.write(record)
+            bar.update(1)
+    finally:
+        bar.close()
+    records = [store.load(t.key) for t in tasks]
+    law = _target_law(target)
+    return SweepResult(target=target, grid=grid, seeds=int(seeds), records=records, computed=len(pending),
+                       reused=len(tasks) - len(pending), seconds=time.perf_counter() - started, law=law)
+
+
+def _execute(pending: list[Task], *, n_jobs: int, scheduler: str | None):
+    """Yield records as tasks finish (in completion order)."""
+    if not pending:
+        return
+    if scheduler is not None:
+        try:
+            from dask.distributed import Client, as_completed
+        except ImportError:
+            raise ValueError("--scheduler needs the dask extra: pip install 'attnflow[dask]'") from None
+        with Client(scheduler) as client:
+            futures = client.map(execute_task, pending, pure=False)
+            for future in as_completed(futures):
+                yield future.result()
+        return
+    if n_jobs == 1:
+        for task in pending:
+            yield execute_task(task)
+        return
+    from joblib import Parallel, delayed
+
+    yield from Parallel(n_jobs=n_jobs, return_as="generator_unordered")(delayed(execute_task)(t) for t in pending)
+
+
+def scaling_fit(result: SweepResult, *, n_boot: int = 2000, level: float = 0.95) -> ExponentFit:
+    """The target's scaling law fitted on a finished sweep (bootstrap over seeds, seeded by the sweep)."""
+    if result.law is None:
+        raise ValueError(f"{result.target} declares no scaling law to fit")
+    x, y = result.values(result.law.y, result.law.x)
+    result.fit = fit_exponent(x, y, kind=result.law.kind, n_boot=n_boot, level=level,
+                              seed=np.random.SeedSequence([len(result.records), result.seeds]))
+    return result.fit
+
+
+# ==================================================================================================
+# A diagnostic observable of the machinery itself
+# ==================================================================================================
+
+
+@observable(
+    "sweep.sleep",
+    reference="attnflow diagnostic (no paper)",
+    description="Sleeps `seconds` and returns a seeded uniform number: measures per-task overhead of a backend "
+                "and exercises interruption and resume.",
+    defaults=dict(seconds=0.0, size=1),
+)
+def _sleep(seed, seconds, size):
+    time.sleep(float(seconds))
+    return dict(value=float(np.random.default_rng(seed).random(int(size)).mean()), seconds=float(seconds))
