@@ -112,6 +112,22 @@ def test_spec_golden_values_isotropic():
     assert cf.optimal_attention_risk(problem, mlp=True).risk == pytest.approx(0.7405660377, abs=1e-9)
 
 
+@pytest.mark.parametrize("kind", INSTANCES)
+def test_gd0_optimal_risk_is_the_minimum_over_gamma_at_zero_initialisation(kind):
+    """GD-0 = GD-β with β₀ fixed at 0: its closed-form optimum equals min_Γ R(0, Γ) of the MC-tested risk."""
+    from scipy.optimize import minimize
+
+    problem = random_problem(kind)
+    zero = np.zeros(3)
+
+    def objective(g):
+        Gamma = g.reshape(3, 3)
+        return float(cf.icl_risk(problem, zero, Gamma)), cf.risk_gradient(problem, zero, Gamma)[1].ravel()
+
+    found = minimize(objective, np.zeros(9), jac=True, method="L-BFGS-B", options=dict(gtol=1e-12, ftol=1e-16))
+    assert found.fun == pytest.approx(cf.gd0_optimal_risk(problem), rel=1e-9)
+
+
 def test_spec_gap_scaling_isotropic_large_context():
     """spec §6: H = Ψ = I₂, σ² = 0.25, N = 640: N·gap = 0.744, 2.98, 11.9 for ‖β*‖ = 0.5, 1, 2."""
     for norm, expected in [(0.5, 0.744), (1.0, 2.98), (2.0, 11.9)]:
