@@ -22,7 +22,7 @@ __all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "ru
            "ScalingLaw", "Observable", "observable", "observables"]
 
 # System key -> module holding its claims. Keys are accepted with '_' or '-'.
-SYSTEMS = {"gd_beta": "validation.gd_beta"}
+SYSTEMS = {"gd_beta": "validation.gd_beta", "one_nn": "validation.one_nn"}
 # Modules with observables that belong to no system (diagnostics of the sweep machinery itself).
 _EXTRA_MODULES = ("validation.sweep",)
 
