@@ -32,8 +32,10 @@ __all__ = ["OneNNProblem", "t_density", "ReducedLoss", "reduced_loss", "reduced_
 
 # (n_theta, n_lambda) to start refining from: ~1e-3 relative error for ξ₁ <= 40 (spec §6).
 DEFAULT_GRID = (500, 300)
-# Fixed grid of the reduced dynamics, one quadrature per step (~3 ms): relative error of ∇L below 1e-3 up
-# to ξ₁ ≈ 12 and ~0.7% at ξ₁ = 40 (measured against rtol 1e-6 references, d = 4, N = 16).
+# Fixed grid of the reduced dynamics, one quadrature per step (~1.5 ms). Relative error of L and ∇L against
+# rtol-1e-7 references (d = 4, N = 16): 1e-4 at ξ = (3, 4), 7e-4 at (12, 10), 7e-3 at (40, 35), but 5% at
+# (100, 80): the θ grid does not resolve the nearest-neighbour scale at large ξ₁. Runs that reach ξ₁ >> 40
+# need a finer grid (or reduced_loss with refinement); see docs/one_nn.md.
 DYNAMICS_GRID = (300, 180)
 _MAX_GRID = (8000, 2400)
 
@@ -72,8 +74,8 @@ def t_density(d: int, t) -> np.ndarray:
 
 @njit(cache=True)
 def _theta_grid(d, log_B, n_theta):
-    """Nodes t_k = cos θ_k, θ_k = π x_k^{1.5} (dense near t = 1) and trapezoid weights in x times the density,
-    normalised to sum to 1 so the discrete law is exactly a probability."""
+    """Nodes t_k = cos θ_k, θ_k = π x_k^{1.5} (dense near t = 1, spec §6) and trapezoid weights in x times the
+    density, normalised to sum to 1 so the discrete law is exactly a probability."""
     t = np.empty(n_theta)
     w = np.empty(n_theta)
     h = 1.0 / (n_theta - 1)
@@ -95,6 +97,18 @@ def _theta_grid(d, log_B, n_theta):
     return t, w
 
 
+_LOG2 = math.log(2.0)
+
+
+@njit(cache=True)
+def _signed_exp(log_magnitude, factor):
+    """factor·exp(log_magnitude) computed as sign(factor)·exp(log_magnitude + log|factor|): no inf·0."""
+    if factor == 0.0:
+        return 0.0
+    value = math.exp(log_magnitude + math.log(abs(factor)))
+    return value if factor > 0.0 else -value
+
+
 @njit(cache=True)
 def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
     """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) at (ξ₁, ξ₂) by the formulas of spec §6 (ξ₂ = inf allowed: the query fully masked).
@@ -108,6 +122,9 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
     """
     t, w = _theta_grid(d, log_B, n_theta)
     u = np.exp(xi1 * (t - 1.0))
+    log_wu = np.empty(n_theta)  # log(w_k u_k), once per call: the Max terms are assembled in log space
+    for k in range(n_theta):
+        log_wu[k] = math.log(w[k]) + xi1 * (t[k] - 1.0) if w[k] > 0.0 else -np.inf
     r = t - 1.0
     a = math.exp(-xi2) if np.isfinite(xi2) else 0.0
     # Lower cut-off: the m = 1 integrands vanish only like λ, so a cut-off at ε/(a + N) loses a relative ~ε of
@@ -132,26 +149,23 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
         Phi_u3r = 0.0
         Phi_ur = 0.0
         for k in range(n_theta):
-            e = math.exp(-lam * u[k])
-            expm[k] = -math.expm1(-lam * u[k])
+            expm[k] = -math.expm1(-lam * u[k])  # 1 − e^{−λu}, accurate when λu is small
+            e = 1.0 - expm[k]
             psi += w[k] * expm[k]
             Phi_u2 += w[k] * u[k] * u[k] * e
             Phi_u2r += w[k] * u[k] * u[k] * r[k] * e
             Phi_u3r += w[k] * u[k] * u[k] * u[k] * r[k] * e
             Phi_ur += w[k] * u[k] * r[k] * e
         log_phi = math.log1p(-psi) if psi < 1.0 else -np.inf
-        # --- Sum and Pair terms: N ∫ K_m e^{−λa} Φ_h φ^{N−1} dλ, N(N−1) ∫ K_m e^{−λa} Φ_h Φ_g φ^{N−2} dλ
+        # --- Sum and Pair terms: N ∫ K_m e^{−λa} Φ_h φ^{N−1} dλ, N(N−1) ∫ K_m e^{−λa} Φ_h Φ_g φ^{N−2} dλ,
+        # each assembled as sign·exp(m·w − λa + (N−1)log φ + log|Φ|): λ^m alone overflows at large ξ.
         base = -lam * a + (N - 1) * log_phi if N > 1 else -lam * a
-        k2 = math.exp(2.0 * wi + base)  # λ²/1! e^{…} (m = 2, times dλ = λ dw)
-        k3 = math.exp(3.0 * wi + base) / 2.0  # λ³/2!
-        acc[5] += quad_w * N * k2 * Phi_u2
-        acc[6] += quad_w * N * k3 * Phi_u2
-        acc[7] += quad_w * N * k2 * Phi_u2r
-        acc[8] += quad_w * N * k3 * Phi_u3r
-        if N > 1:
-            phi = math.exp(log_phi)
-            if phi > 0.0:
-                acc[9] += quad_w * N * (N - 1) * k3 * Phi_u2 * Phi_ur / phi
+        acc[5] += quad_w * N * _signed_exp(2.0 * wi + base, Phi_u2)
+        acc[6] += quad_w * N * _signed_exp(3.0 * wi + base - _LOG2, Phi_u2)
+        acc[7] += quad_w * N * _signed_exp(2.0 * wi + base, Phi_u2r)
+        acc[8] += quad_w * N * _signed_exp(3.0 * wi + base - _LOG2, Phi_u3r)
+        if N > 1 and log_phi > -np.inf and Phi_u2 != 0.0:
+            acc[9] += quad_w * N * (N - 1) * _signed_exp(3.0 * wi + base - _LOG2 - log_phi + math.log(Phi_u2), Phi_ur)
         # --- Max and MaxPair terms: cumulative sums over t < s_k, i.e. over θ-nodes beyond k
         run_psi = 0.0
         run_ur = 0.0
@@ -172,14 +186,17 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
             log_term = -lam * (a + u[k])
             if N > 1:
                 log_term += (N - 1) * math.log(phi_s)
-            k1 = math.exp(wi + log_term)  # m = 1
-            k2s = math.exp(2.0 * wi + log_term)  # m = 2
-            acc[0] += quad_w * N * w[k] * u[k] * k1
-            acc[1] += quad_w * N * w[k] * u[k] * k2s
-            acc[2] += quad_w * N * w[k] * u[k] * u[k] * r[k] * k2s
-            acc[3] += quad_w * N * w[k] * u[k] * r[k] * k1
+            if log_wu[k] == -np.inf:
+                continue  # every Max term carries a factor w_k u(s_k)
+            log_term += log_wu[k]
+            k1 = math.exp(wi + log_term)  # m = 1, times w_k u_k
+            k2s = k1 * lam  # m = 2 (k1 <= ~e^{ξ₂}, so this stays finite for ξ₂ below ~350)
+            acc[0] += quad_w * N * k1
+            acc[1] += quad_w * N * k2s
+            acc[2] += quad_w * N * u[k] * r[k] * k2s
+            acc[3] += quad_w * N * r[k] * k1
             if N > 1:
-                acc[4] += quad_w * N * (N - 1) * w[k] * u[k] * k2s * tail_ur[k] / phi_s
+                acc[4] += quad_w * N * (N - 1) * _signed_exp(2.0 * wi + log_term - math.log(phi_s), tail_ur[k])
     loss = 0.5 - acc[0] + 0.5 * acc[5]
     d_xi2 = -a * acc[1] + a * acc[6]
     d_xi1 = acc[2] + acc[4] + acc[7] - acc[8] - acc[9] - acc[3]

@@ -74,7 +74,7 @@ def quadrature_matches_monte_carlo(seed, n_prompts, points):
     statement="Reduced GD from (0, σ) drives the loss to 0 monotonically with ξ₂ never decreasing, and ξ₁ grows "
               "like t^{1/3} (so L ~ t^{-1/3}).",
     quick=dict(steps=300, eta=EXAMPLE_ETA),
-    full=dict(steps=3000, eta=EXAMPLE_ETA),
+    full=dict(steps=1000, eta=EXAMPLE_ETA),  # ξ₁ stays below ~55, where the dynamics grid is accurate to ~1%
 )
 def loss_to_zero(seed, steps, eta):
     run = dyn.reduced_trajectory(EXAMPLE, eta, steps)
