@@ -35,3 +35,29 @@ def test_golden_constants(name, num_regression):
     # Closed forms are exact to round-off; the LSA optimum comes from BFGS at gtol 1e-12.
     num_regression.check({k: np.array([v]) for k, v in constants.items()},
                          default_tolerance=dict(rtol=1e-9, atol=1e-12))
+
+
+ONE_NN_POINTS = {"d4_N16": (4, 16), "d2_N8": (2, 8), "d8_N4": (8, 4)}
+
+
+@pytest.mark.parametrize("name", ONE_NN_POINTS)
+def test_one_nn_golden_constants(name, num_regression):
+    """1-NN: the quadrature (Richardson-extrapolated, rtol 1e-6) at fixed points and the asymptotic constant."""
+    import math
+    import warnings
+
+    from closed_forms import one_nn
+
+    d, N = ONE_NN_POINTS[name]
+    problem = one_nn.OneNNProblem(d, N)
+    constants = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for xi1, xi2 in ((3.0, 4.0), (12.0, 10.0)):
+            r = one_nn.reduced_loss(problem, xi1, xi2, rtol=1e-6)
+            constants.update({f"L_{xi1:g}_{xi2:g}": r.loss, f"dxi1_{xi1:g}_{xi2:g}": r.d_xi1,
+                              f"dxi2_{xi1:g}_{xi2:g}": r.d_xi2})
+    constants["L_0_inf"] = one_nn.reduced_loss_on_grid(problem, 0.0, math.inf)[0]
+    if d >= 3:
+        constants["C"] = one_nn.asymptotic_loss_constant(d, N)
+    num_regression.check({k: np.array([v]) for k, v in constants.items()}, default_tolerance=dict(rtol=1e-7, atol=1e-12))
