@@ -5,6 +5,8 @@ The mathematics (the quadrature of L and ∇L) lives in :mod:`closed_forms.one_n
 """
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +119,29 @@ def _reduced_flow_rk4(y0, t0, dt, n_steps, record_steps, params, blowup):
     return rk4_loop(cf.reduced_flow_rhs, y0, t0, dt, n_steps, record_steps, params, blowup)
 
 
+# Relative gradient error of the fixed grid above which a trajectory warns (see DYNAMICS_GRID's accuracy).
+GRID_ERROR_WARNING = 0.01
+
+
+def _warn_if_grid_too_coarse(problem, states, grid) -> float:
+    """Compare the fixed-grid gradient at the last state with the refined quadrature; warn above 1%.
+
+    The fixed grid's error grows with ξ₁ (docs/one_nn.md), and the last state has the largest ξ₁.
+    """
+    xi1, xi2 = states[-1]
+    _, g1, g2 = cf.reduced_loss_on_grid(problem, xi1, xi2, grid)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        refined = cf.reduced_loss(problem, xi1, xi2, rtol=1e-3, grid=grid)
+    error = math.hypot(g1 - refined.d_xi1, g2 - refined.d_xi2) / max(math.hypot(refined.d_xi1, refined.d_xi2), 1e-300)
+    if error > GRID_ERROR_WARNING:
+        warnings.warn(f"the trajectory reached (xi1, xi2) = ({xi1:.4g}, {xi2:.4g}), where the quadrature grid {grid} "
+                      f"has a {error:.1%} gradient error: use a finer grid", RuntimeWarning, stacklevel=3)
+    return error
+
+
 def _with_losses(problem, times, states, grid, info):
+    info["final_gradient_error"] = _warn_if_grid_too_coarse(problem, states, grid)
     values = np.array([cf.reduced_loss_on_grid(problem, x1, x2, grid) for x1, x2 in states])
     return Trajectory(times=times, states=dict(xi1=states[:, 0], xi2=states[:, 1]),
                       metrics=dict(loss=values[:, 0], d_xi1=values[:, 1], d_xi2=values[:, 2]), info=info)

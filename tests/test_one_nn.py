@@ -146,3 +146,14 @@ def test_shifted_prompts_have_the_margin():
     others[np.arange(2000), nearest] = False
     assert np.all(distances[np.arange(2000), nearest] < 1e-12)
     assert distances[others].min() > 0.1 - 1e-12
+
+
+def test_trajectory_warns_when_it_outruns_its_quadrature_grid():
+    problem = OneNNProblem(4, 16, 10.0)
+    with pytest.warns(RuntimeWarning, match="gradient error: use a finer grid"):
+        run = dyn.reduced_trajectory(problem, 2000.0, 60, grid=(60, 40))  # reaches large ξ₁ on a coarse grid
+    assert run.info["final_gradient_error"] > 0.01
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ok = dyn.reduced_trajectory(problem, 200.0, 30)  # ξ₁ ≈ 20: the default grid is accurate
+    assert ok.info["final_gradient_error"] < 0.01
