@@ -59,8 +59,10 @@ def token_matrices(prompts: Prompts) -> np.ndarray:
 
 
 def manifold_weight(d: int, xi1: float, xi2: float) -> np.ndarray:
-    """W = diag(ξ₁ I_d, 0, −ξ₂) (spec §4)."""
-    return np.diag(np.concatenate([np.full(d, float(xi1)), [0.0, -float(xi2)]]))
+    """W = diag(ξ₁ I_d, 0, −ξ₂) (spec §4). Finite values only: the raw model multiplies W by zeros."""
+    xi1 = check.real(float(xi1), "xi1")
+    xi2 = check.real(float(xi2), "xi2")
+    return np.diag(np.concatenate([np.full(d, xi1), [0.0, -xi2]]))
 
 
 def per_prompt_loss_and_gradient(prompts: Prompts, W: np.ndarray):

@@ -33,6 +33,8 @@ def test_bad_problem(kwargs, message):
     (lambda p: dyn.reduced_trajectory(p, -1.0, 10), "eta must be > 0"),
     (lambda p: dyn.full_gd_trajectory(p, 1.0, 10, 0, seed=0), "batch_size must be >= 1"),
     (lambda p: dyn.shifted_test_loss(p, 1.0, 1.0, 10, 2.5, 0), "delta must be < 2"),
+    (lambda p: dyn.monte_carlo_loss(p, 1.0, math.inf, 10, 0), "xi2 must be finite"),
+    (lambda p: dyn.monte_carlo_loss(p, float("nan"), 1.0, 10, 0), "xi1 must be finite"),
 ])
 def test_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "run_claim", "SYSTEMS",
-           "ScalingLaw", "Observable", "observable", "observables"]
+           "ScalingLaw", "Observable", "observable", "observables", "to_jsonable"]
 
 # System key -> module holding its claims. Keys are accepted with '_' or '-'.
 SYSTEMS = {"gd_beta": "validation.gd_beta", "one_nn": "validation.one_nn"}
@@ -79,9 +79,9 @@ class CheckResult:
         """JSON-ready: the documented, stable schema of ``attnflow check --json`` (docs/cli.md)."""
         return dict(
             name=self.name, system=self.system, reference=self.reference, statement=self.statement,
-            status=self.status, passed=self.passed, measured=_jsonable(self.measured),
-            predicted=_jsonable(self.predicted), tolerance=self.tolerance, basis=self.basis,
-            details=_jsonable(self.details), notes=self.notes, setting=self.setting, seed=self.seed,
+            status=self.status, passed=self.passed, measured=to_jsonable(self.measured),
+            predicted=to_jsonable(self.predicted), tolerance=self.tolerance, basis=self.basis,
+            details=to_jsonable(self.details), notes=self.notes, setting=self.setting, seed=self.seed,
             seconds=round(self.seconds, 3),
         )
 
@@ -206,13 +206,14 @@ def _all_finite(values) -> bool:
     return bool(np.all(np.isfinite(np.asarray(values, dtype=float))))
 
 
-def _jsonable(value):
+def to_jsonable(value):
+    """numpy scalars/arrays → Python; non-finite floats → strings (JSON has no inf/nan)."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [to_jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
+        return to_jsonable(value.tolist())
     if isinstance(value, (np.bool_, bool)):
         return bool(value)
     if isinstance(value, (np.integer, int)):

@@ -116,7 +116,7 @@ def _command_sweep(args) -> int:
                         master_seed=args.seed, computed=result.computed, reused=result.reused,
                         records=result.records, fit=None if fit is None else vars(fit),
                         law=None if result.law is None else vars(result.law))
-        print(json.dumps(claims_module._jsonable(document), indent=2, ensure_ascii=False))
+        print(json.dumps(claims_module.to_jsonable(document), indent=2, ensure_ascii=False))
     else:
         print(_sweep_table(result))
         if fit is not None:
@@ -189,7 +189,7 @@ def _command_solve(args) -> int:
         raise ValueError(f"unknown system {args.system!r} for solve (available: {', '.join(sorted(solvers))})")
     summary, figure = solvers[key](parse_params(args.param), want_figure=bool(args.plot))
     if args.json:
-        print(json.dumps(claims_module._jsonable(summary), indent=2, ensure_ascii=False))
+        print(json.dumps(claims_module.to_jsonable(summary), indent=2, ensure_ascii=False))
     else:
         for name, value in summary.items():
             if isinstance(value, (list, np.ndarray)) and np.ndim(value) == 2:
