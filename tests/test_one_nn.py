@@ -159,3 +159,33 @@ def test_trajectory_warns_when_it_outruns_its_quadrature_grid():
         warnings.simplefilter("error", RuntimeWarning)
         ok = dyn.reduced_trajectory(problem, 200.0, 30)  # ξ₁ ≈ 20: the default grid is accurate
     assert ok.info["final_gradient_error"] < 0.01
+
+
+def _sampled_t(d, n, N, seed):
+    """t_j = <x_j, x_q> from raw samples on the sphere, shape (n, N)."""
+    prompts = dyn.sample_prompts(OneNNProblem(d, N), n, np.random.default_rng(seed))
+    return np.einsum("njd,nd->nj", prompts.X, prompts.x_query)
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 9])
+def test_t_density_matches_sampled_inner_products(d):
+    """The CDF of t from the density (spec §1) against the empirical CDF of raw sphere samples (binomial SE)."""
+    from scipy.integrate import quad
+
+    t = _sampled_t(d, 50_000, 4, d).ravel()
+    for s in (-0.8, -0.3, 0.0, 0.4, 0.9):
+        predicted = quad(lambda v: cf.t_density(d, v), -1, s)[0]
+        hits = t < s
+        assert_within_standard_errors(hits.mean(), hits.std(ddof=1) / np.sqrt(hits.size), predicted)
+
+
+@pytest.mark.parametrize("d, N", [(4, 16), (3, 5)])
+def test_gap_density_at_zero_matches_monte_carlo(d, N):
+    """f_gap(0) (spec §7) against raw samples: the density of t₍₁₎ − t₍₂₎ at 0 by the estimator
+    (2·1{gap < ε} − ½·1{gap < 2ε})/ε, whose O(ε) bias cancels (Richardson); its SE comes from the samples."""
+    t = np.sort(_sampled_t(d, 200_000, N, 11), axis=1)
+    gap = t[:, -1] - t[:, -2]
+    eps = 0.01
+    values = (2.0 * (gap < eps) - 0.5 * (gap < 2 * eps)) / eps
+    assert_within_standard_errors(values.mean(), values.std(ddof=1) / np.sqrt(values.size),
+                                  cf.gap_density_at_zero(d, N))

@@ -1,7 +1,6 @@
 """Sweeps: identical results on every backend, kill-and-resume, the result store, and rate fits with honest
 bootstrap intervals."""
 import json
-import os
 import signal
 import subprocess
 import sys
