@@ -27,16 +27,39 @@ from scipy import stats as scipy_stats
 from . import validation as check
 
 __all__ = ["OneNNProblem", "t_density", "ReducedLoss", "reduced_loss", "reduced_loss_on_grid",
-           "reduced_gd_step", "reduced_flow_rhs", "pack_reduced_params", "gap_density_at_zero",
-           "asymptotic_loss_constant", "DEFAULT_GRID", "DYNAMICS_GRID"]
+           "reduced_loss_adaptive", "reduced_gd_step", "reduced_flow_rhs", "pack_reduced_params",
+           "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "DYNAMICS_RESOLUTION"]
 
 # (n_theta, n_lambda) to start refining from: ~1e-3 relative error for ξ₁ <= 40 (spec §6).
 DEFAULT_GRID = (500, 300)
-# Fixed grid of the reduced dynamics, one quadrature per step (~1.5 ms). Relative error of L and ∇L against
-# rtol-1e-7 references (d = 4, N = 16): 1e-4 at ξ = (3, 4), 7e-4 at (12, 10), 7e-3 at (40, 35), but 5% at
-# (100, 80): the θ grid does not resolve the nearest-neighbour scale at large ξ₁. Runs that reach ξ₁ >> 40
-# need a finer grid (or reduced_loss with refinement); see docs/one_nn.md.
-DYNAMICS_GRID = (300, 180)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How the reduced dynamics choose their quadrature grid at each (ξ₁, ξ₂), see :func:`_adaptive_quadrature`.
+
+    The θ grid has max(theta_min, theta_per_xi1·ξ₁) nodes (odd), and the value is Richardson-extrapolated from it
+    and its every-other-node subgrid: the Max terms have features of width ~1/ξ₁ in t wherever the nearest
+    neighbour can lie, so a fixed θ grid loses accuracy like (ξ₁·Δt)². The λ = e^w grid has a fixed spacing
+    ``dw`` over a range that grows with ξ₁ and ξ₂. Its trapezoid rule converges geometrically on a well-resolved θ
+    grid (dw = 0.7 gives ~1e-6), but on the coarse Richardson subgrid the λ-integrand is a train of bumps
+    ξ₁Δt apart in w, so dw must stay well below that spacing: dw = 0.7 left 1.5% gradient errors at ξ₁ = 100.
+    Relative error of L and ∇L (d = 4, N = 16) with the default, against 16001×1201-node references:
+    ≤ 2e-6 at ξ = (3, 4) and (12, 10), 6e-4 at (40, 35), 1e-3 at (100, 80), 5e-4 at (200, 150) —
+    at 0.8, 1.1, 4.4 and 16 ms per evaluation (docs/one_nn.md).
+    """
+
+    theta_min: int = 151
+    theta_per_xi1: float = 4.0
+    dw: float = 0.4
+
+    def __post_init__(self):
+        object.__setattr__(self, "theta_min", check.integer(self.theta_min, "theta_min", minimum=17))
+        object.__setattr__(self, "theta_per_xi1", check.real(self.theta_per_xi1, "theta_per_xi1", minimum=0.0))
+        object.__setattr__(self, "dw", check.real(self.dw, "dw", minimum=0.0, strict=True, maximum=2.0))
+
+
+DYNAMICS_RESOLUTION = Resolution()
 _MAX_GRID = (8000, 2400)
 
 
@@ -110,6 +133,14 @@ def _signed_exp(log_magnitude, factor):
 
 
 @njit(cache=True)
+def _lambda_range(xi1, a, N):
+    """[w_lo, w_hi] of w = log λ. Below: the m = 1 integrands vanish only like λ, so a cut-off at ε/(a + N) loses a
+    relative ~ε of them (spec §6 used ε = 1e-5, a bias invisible to grid refinement); ε = 1e-14 is below
+    round-off. Above: e^{−λZ'} < e^{−80} for every Z' >= a + N e^{−2ξ₁}."""
+    return math.log(1e-14 / (a + N)), math.log(80.0 / (a + N * math.exp(-2.0 * xi1)))
+
+
+@njit(cache=True)
 def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
     """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) at (ξ₁, ξ₂) by the formulas of spec §6 (ξ₂ = inf allowed: the query fully masked).
 
@@ -127,10 +158,7 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
         log_wu[k] = math.log(w[k]) + xi1 * (t[k] - 1.0) if w[k] > 0.0 else -np.inf
     r = t - 1.0
     a = math.exp(-xi2) if np.isfinite(xi2) else 0.0
-    # Lower cut-off: the m = 1 integrands vanish only like λ, so a cut-off at ε/(a + N) loses a relative ~ε of
-    # them (spec §6 used ε = 1e-5, a 1e-5 bias invisible to grid refinement); ε = 1e-14 is below round-off.
-    w_lo = math.log(1e-14 / (a + N))
-    w_hi = math.log(80.0 / (a + N * math.exp(-2.0 * xi1)))
+    w_lo, w_hi = _lambda_range(xi1, a, N)
     dw = (w_hi - w_lo) / (n_lam - 1)
     # Accumulators: Max[u;1], Max[u;2], Max[u²r;2], Max[ur;1], MaxPair[u,ur;2], Sum[u²;2], Sum[u²;3],
     # Sum[u²r;2], Sum[u³r;3], Pair[u²,ur;3].
@@ -177,26 +205,25 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
             run_psi += w[k] * expm[k]
             run_ur += w[k] * u[k] * r[k] * (1.0 - expm[k])
             run_F += w[k]
+        scale = wi - lam * a  # log(λ e^{−λa}), shared by every Max node at this λ
         for k in range(n_theta):
-            if w[k] == 0.0:
-                continue
+            if log_wu[k] == -np.inf:
+                continue  # every Max term carries a factor w_k u(s_k)
             phi_s = tail_F[k] - tail_psi[k]
             if N > 1 and phi_s <= 0.0:
                 continue
-            log_term = -lam * (a + u[k])
+            log_term = scale + log_wu[k]
             if N > 1:
                 log_term += (N - 1) * math.log(phi_s)
-            if log_wu[k] == -np.inf:
-                continue  # every Max term carries a factor w_k u(s_k)
-            log_term += log_wu[k]
-            k1 = math.exp(wi + log_term)  # m = 1, times w_k u_k
+            k1 = math.exp(log_term) * (1.0 - expm[k])  # m = 1 times w_k u_k; e^{−λu_k} = 1 − expm[k]
             k2s = k1 * lam  # m = 2 (k1 <= ~e^{ξ₂}, so this stays finite for ξ₂ below ~350)
             acc[0] += quad_w * N * k1
             acc[1] += quad_w * N * k2s
             acc[2] += quad_w * N * u[k] * r[k] * k2s
             acc[3] += quad_w * N * r[k] * k1
             if N > 1:
-                acc[4] += quad_w * N * (N - 1) * _signed_exp(2.0 * wi + log_term - math.log(phi_s), tail_ur[k])
+                # |tail_ur/φ_s| <= max|u r| <= 2, so the product stays finite where k2s does
+                acc[4] += quad_w * N * (N - 1) * k2s * (tail_ur[k] / phi_s)
     loss = 0.5 - acc[0] + 0.5 * acc[5]
     d_xi2 = -a * acc[1] + a * acc[6]
     d_xi1 = acc[2] + acc[4] + acc[7] - acc[8] - acc[9] - acc[3]
@@ -204,15 +231,34 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
 
 
 @njit(cache=True)
-def reduced_gd_step(k, x, params):
-    """One step of reduced GD (spec §4): ξ₁ ← ξ₁ − (η/d)∂L/∂ξ₁, ξ₂ ← ξ₂ − η∂L/∂ξ₂.
+def _adaptive_quadrature(xi1, xi2, d, log_B, N, theta_min, theta_per_xi1, dw):
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on the grid :class:`Resolution` prescribes at (ξ₁, ξ₂): Richardson extrapolation
+    fine + (fine − coarse)/3 over a θ grid of n nodes and its (n + 1)/2-node subgrid, on one λ grid of spacing dw."""
+    n_fine = max(theta_min, int(math.ceil(theta_per_xi1 * xi1)))
+    n_fine += 1 - n_fine % 2  # odd, so the coarse grid is every other node
+    w_lo, w_hi = _lambda_range(xi1, math.exp(-xi2) if np.isfinite(xi2) else 0.0, N)
+    n_lam = max(17, int(math.ceil((w_hi - w_lo) / dw)) + 1)
+    fine = _quadrature(xi1, xi2, d, log_B, N, n_fine, n_lam)
+    coarse = _quadrature(xi1, xi2, d, log_B, N, (n_fine + 1) // 2, n_lam)
+    return (fine[0] + (fine[0] - coarse[0]) / 3, fine[1] + (fine[1] - coarse[1]) / 3,
+            fine[2] + (fine[2] - coarse[2]) / 3)
 
-    ``params`` = (d, log B_d, N, η, n_theta, n_lambda); ``x`` = (ξ₁, ξ₂).
-    """
-    d = int(params[0])
-    _, g1, g2 = _quadrature(x[0], x[1], d, params[1], int(params[2]), int(params[4]), int(params[5]))
+
+@njit(cache=True)
+def _params_gradient(x, params):
+    """∇L at x = (ξ₁, ξ₂); ``params`` = (d, log B_d, N, η, theta_min, theta_per_xi1, dw)."""
+    _, g1, g2 = _adaptive_quadrature(x[0], x[1], int(params[0]), params[1], int(params[2]), int(params[4]),
+                                     params[5], params[6])
+    return g1, g2
+
+
+@njit(cache=True)
+def reduced_gd_step(k, x, params):
+    """One step of reduced GD (spec §4): ξ₁ ← ξ₁ − (η/d)∂L/∂ξ₁, ξ₂ ← ξ₂ − η∂L/∂ξ₂ (``params``: see
+    :func:`pack_reduced_params`)."""
+    g1, g2 = _params_gradient(x, params)
     out = np.empty(2)
-    out[0] = x[0] - params[3] / d * g1
+    out[0] = x[0] - params[3] / params[0] * g1
     out[1] = x[1] - params[3] * g2
     return out
 
@@ -220,19 +266,21 @@ def reduced_gd_step(k, x, params):
 @njit(cache=True)
 def reduced_flow_rhs(t, x, params):
     """Gradient-flow limit of reduced GD in time τ = ηk: dξ₁/dτ = −(1/d)∂L/∂ξ₁, dξ₂/dτ = −∂L/∂ξ₂."""
-    d = int(params[0])
-    _, g1, g2 = _quadrature(x[0], x[1], d, params[1], int(params[2]), int(params[4]), int(params[5]))
+    g1, g2 = _params_gradient(x, params)
     out = np.empty(2)
-    out[0] = -g1 / d
+    out[0] = -g1 / params[0]
     out[1] = -g2
     return out
 
 
-def pack_reduced_params(problem: "OneNNProblem", eta: float, grid=None) -> np.ndarray:
-    """Flat parameters for :func:`reduced_gd_step` / :func:`reduced_flow_rhs`."""
-    n_theta, n_lam = (check.integer(n, "grid", minimum=16) for n in (grid or DYNAMICS_GRID))
+def pack_reduced_params(problem: "OneNNProblem", eta: float, resolution: Resolution = DYNAMICS_RESOLUTION) -> np.ndarray:
+    """Flat parameters (d, log B_d, N, η, theta_min, theta_per_xi1, dw) for :func:`reduced_gd_step` /
+    :func:`reduced_flow_rhs`."""
+    if not isinstance(resolution, Resolution):
+        raise ValueError(f"resolution must be a one_nn.Resolution, got {resolution!r}")
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    return np.array([problem.d, _log_B(problem.d), problem.N, eta, n_theta, n_lam], dtype=float)
+    return np.array([problem.d, _log_B(problem.d), problem.N, eta, resolution.theta_min, resolution.theta_per_xi1,
+                     resolution.dw], dtype=float)
 
 
 # ==================================================================================================
@@ -270,6 +318,16 @@ def reduced_loss_on_grid(problem: OneNNProblem, xi1: float, xi2: float, grid=DEF
     xi1, xi2 = _check_point(xi1, xi2)
     n_theta, n_lam = (check.integer(n, "grid", minimum=16) for n in grid)
     return _quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, n_theta, n_lam)
+
+
+def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
+                          resolution: Resolution = DYNAMICS_RESOLUTION) -> tuple:
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) exactly as the reduced dynamics evaluate them (:class:`Resolution`)."""
+    xi1, xi2 = _check_point(xi1, xi2)
+    if not isinstance(resolution, Resolution):
+        raise ValueError(f"resolution must be a one_nn.Resolution, got {resolution!r}")
+    return _adaptive_quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, resolution.theta_min,
+                                resolution.theta_per_xi1, resolution.dw)
 
 
 def reduced_loss(problem: OneNNProblem, xi1: float, xi2: float, *, rtol: float = 1e-4,

@@ -58,8 +58,9 @@ def integer(value, name: str, minimum: int | None = None) -> int:
     return value
 
 
-def real(value, name: str, *, minimum: float | None = None, strict: bool = False) -> float:
-    """A finite real number, optionally ``>= minimum`` (or ``> minimum`` when ``strict``)."""
+def real(value, name: str, *, minimum: float | None = None, strict: bool = False,
+         maximum: float | None = None) -> float:
+    """A finite real number, optionally ``>= minimum`` (or ``> minimum`` when ``strict``) and ``<= maximum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     value = float(value)
@@ -68,4 +69,6 @@ def real(value, name: str, *, minimum: float | None = None, strict: bool = False
     if minimum is not None and (value < minimum or (strict and value == minimum)):
         relation = ">" if strict else ">="
         raise ValueError(f"{name} must be {relation} {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value

@@ -121,57 +121,56 @@ def _reduced_flow_rk4(y0, t0, dt, n_steps, record_steps, params, blowup):
     return rk4_loop(cf.reduced_flow_rhs, y0, t0, dt, n_steps, record_steps, params, blowup)
 
 
-# Relative gradient error of the fixed grid above which a trajectory warns (see DYNAMICS_GRID's accuracy).
+# Relative gradient error of the dynamics quadrature above which a trajectory warns (see cf.Resolution).
 GRID_ERROR_WARNING = 0.01
 
 
-def _warn_if_grid_too_coarse(problem, states, grid) -> float:
-    """Compare the fixed-grid gradient at the last state with the refined quadrature; warn above 1%.
+def _warn_if_grid_too_coarse(problem, states, resolution) -> float:
+    """Compare the dynamics' gradient at the last state with the refined quadrature; warn above 1%.
 
-    The fixed grid's error grows with ξ₁ (docs/one_nn.md), and the last state has the largest ξ₁.
+    The quadrature's cost and error grow with ξ₁ (docs/one_nn.md), and the last state has the largest ξ₁.
     """
     xi1, xi2 = states[-1]
-    _, g1, g2 = cf.reduced_loss_on_grid(problem, xi1, xi2, grid)
+    _, g1, g2 = cf.reduced_loss_adaptive(problem, xi1, xi2, resolution)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        refined = cf.reduced_loss(problem, xi1, xi2, rtol=1e-3, grid=grid)
+        refined = cf.reduced_loss(problem, xi1, xi2, rtol=1e-3)
     error = math.hypot(g1 - refined.d_xi1, g2 - refined.d_xi2) / max(math.hypot(refined.d_xi1, refined.d_xi2), 1e-300)
     if error > GRID_ERROR_WARNING:
-        warnings.warn(f"the trajectory reached (xi1, xi2) = ({xi1:.4g}, {xi2:.4g}), where the quadrature grid {grid} "
-                      f"has a {error:.1%} gradient error: use a finer grid", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"the trajectory reached (xi1, xi2) = ({xi1:.4g}, {xi2:.4g}), where the quadrature resolution "
+                      f"{resolution} has a {error:.1%} gradient error: use a finer grid", RuntimeWarning, stacklevel=3)
     return error
 
 
-def _with_losses(problem, times, states, grid, info):
-    info["final_gradient_error"] = _warn_if_grid_too_coarse(problem, states, grid)
-    values = np.array([cf.reduced_loss_on_grid(problem, x1, x2, grid) for x1, x2 in states])
+def _with_losses(problem, times, states, resolution, info):
+    info["final_gradient_error"] = _warn_if_grid_too_coarse(problem, states, resolution)
+    values = np.array([cf.reduced_loss_adaptive(problem, x1, x2, resolution) for x1, x2 in states])
     return Trajectory(times=times, states=dict(xi1=states[:, 0], xi2=states[:, 1]),
                       metrics=dict(loss=values[:, 0], d_xi1=values[:, 1], d_xi2=values[:, 2]), info=info)
 
 
 def reduced_trajectory(problem: OneNNProblem, eta: float, steps: int, *, n_records: int = 100,
-                       grid=None) -> Trajectory:
+                       resolution: cf.Resolution = cf.DYNAMICS_RESOLUTION) -> Trajectory:
     """Reduced GD (spec §4) from (ξ₁, ξ₂) = (0, σ) for ``steps`` steps of size η, recorded at ``n_records``
-    log-spaced steps; the loss and gradient at the recorded points come from the same quadrature grid."""
-    grid = grid or cf.DYNAMICS_GRID
+    log-spaced steps; the loss and gradient at the recorded points come from the same quadrature, whose grid
+    grows with ξ₁ (:class:`closed_forms.one_nn.Resolution`)."""
     steps = check.integer(steps, "steps", minimum=1)
     record = np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
-    sol = iterate_map(cf.reduced_gd_step, [0.0, problem.sigma], steps, cf.pack_reduced_params(problem, eta, grid),
-                      record_steps=record, loop=_reduced_gd_loop)
-    return _with_losses(problem, sol.t, sol.y, grid, dict(eta=eta, grid=grid))
+    sol = iterate_map(cf.reduced_gd_step, [0.0, problem.sigma], steps,
+                      cf.pack_reduced_params(problem, eta, resolution), record_steps=record, loop=_reduced_gd_loop)
+    return _with_losses(problem, sol.t, sol.y, resolution, dict(eta=eta, resolution=resolution))
 
 
 def flow_trajectory(problem: OneNNProblem, eta: float, steps: int, *, dt_steps: float = 0.5, n_records: int = 50,
-                    grid=None) -> Trajectory:
+                    resolution: cf.Resolution = cf.DYNAMICS_RESOLUTION) -> Trajectory:
     """The gradient-flow limit of reduced GD (RK4 in τ = ηk, step ``dt_steps`` GD steps), on the GD step axis."""
-    grid = grid or cf.DYNAMICS_GRID
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     steps = check.integer(steps, "steps", minimum=1)
     n = max(1, int(round(steps / dt_steps)))
     sol = solve_rk4(cf.reduced_flow_rhs, [0.0, problem.sigma], (0.0, eta * steps), eta * steps / n,
-                    cf.pack_reduced_params(problem, eta, grid), record_every=max(1, n // n_records),
+                    cf.pack_reduced_params(problem, eta, resolution), record_every=max(1, n // n_records),
                     loop=_reduced_flow_rk4)
-    return _with_losses(problem, sol.t / eta, sol.y, grid, dict(eta=eta, grid=grid))
+    return _with_losses(problem, sol.t / eta, sol.y, resolution, dict(eta=eta, resolution=resolution))
 
 
 # ==================================================================================================

@@ -153,11 +153,12 @@ def test_shifted_prompts_have_the_margin():
 def test_trajectory_warns_when_it_outruns_its_quadrature_grid():
     problem = OneNNProblem(4, 16, 10.0)
     with pytest.warns(RuntimeWarning, match="gradient error: use a finer grid"):
-        run = dyn.reduced_trajectory(problem, 2000.0, 60, grid=(60, 40))  # reaches large ξ₁ on a coarse grid
+        coarse = cf.Resolution(theta_min=31, theta_per_xi1=0.0, dw=1.5)
+        run = dyn.reduced_trajectory(problem, 2000.0, 60, resolution=coarse)  # large ξ₁ on a coarse fixed grid
     assert run.info["final_gradient_error"] > 0.01
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        ok = dyn.reduced_trajectory(problem, 200.0, 30)  # ξ₁ ≈ 20: the default grid is accurate
+        ok = dyn.reduced_trajectory(problem, 2000.0, 60)  # the same run at the default resolution
     assert ok.info["final_gradient_error"] < 0.01
 
 
@@ -189,3 +190,23 @@ def test_gap_density_at_zero_matches_monte_carlo(d, N):
     values = (2.0 * (gap < eps) - 0.5 * (gap < 2 * eps)) / eps
     assert_within_standard_errors(values.mean(), values.std(ddof=1) / np.sqrt(values.size),
                                   cf.gap_density_at_zero(d, N))
+
+
+@pytest.mark.parametrize("xi", [(3.0, 4.0), (40.0, 35.0), (100.0, 80.0)])
+def test_dynamics_quadrature_keeps_its_documented_accuracy_at_large_xi1(xi):
+    """The grid of the dynamics grows with ξ₁ (cf.Resolution): 1e-3 relative at ξ₁ = 100, where the former fixed
+    300×180 grid was 5% off. Reference: the self-refining quadrature at rtol 1e-4 (itself checked against MC)."""
+    problem = OneNNProblem(4, 16)
+    loss, g1, g2 = cf.reduced_loss_adaptive(problem, *xi)
+    reference = cf.reduced_loss(problem, *xi, rtol=1e-4)
+    assert abs(loss - reference.loss) <= 2e-3 * reference.loss
+    assert math.hypot(g1 - reference.d_xi1, g2 - reference.d_xi2) <= 2e-3 * np.linalg.norm(reference.gradient)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(theta_min=3), "theta_min must be >= 17"), (dict(theta_per_xi1=-1.0), "theta_per_xi1 must be >= 0"),
+    (dict(dw=0.0), "dw must be > 0"), (dict(dw=5.0), "dw must be <= 2"),
+])
+def test_resolution_refuses_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cf.Resolution(**kwargs)
