@@ -1,0 +1,360 @@
+"""A one-layer transformer learning a random walk on a circle: the exact reduced dynamics.
+
+Paper: W. Shi, Y. Cao, *Towards Understanding Transformers in Learning Random Walks*, NeurIPS 2025
+(arXiv:2511.23239). "spec §k" refers to ``shared/theory/random_walk.md``.
+
+Data (spec §1): K nodes on a circle, s₁ uniform, each step +1 with probability p and −1 otherwise; the tokens are
+x_i = e_{s_i} for i < N and the target is y = s_N. Model (spec §2): f = V X softmax(X̃ᵀ W x̃_N) with positional
+embeddings [p_i]_k = sin(π i k / M), ‖p_i‖² = M/2 =: P_norm; loss −log(f_y + ε); GD from V = 0, W = 0.
+
+Reduction (spec §4): only W x̃_N matters and, by rotation symmetry, V is circulant, V_{y,s} = v[(y − s) mod K], and
+the attention S = softmax(z) ∈ Δ^N is the same for every sequence. The state is (v ∈ R^K, z ∈ R^N); expectations
+run over the displacements d_k = (y − s_k) mod K (the sum of the N − k steps after position k), either by
+enumerating the 2^{N−1} step paths exactly (:func:`enumerate_paths`) or by Monte Carlo (:func:`sample_paths`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from . import validation as check
+
+__all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "sample_paths", "positional_embeddings", "circulant",
+           "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "step_one_v", "one_hot_map",
+           "deterministic_closure", "direction_error", "claim3_direction", "sqrt_law_direction",
+           "direction_plateau", "MAX_ENUMERATED_STEPS"]
+
+# 2^20 paths (~170 MB of displacements at N = 21) is the largest exact enumeration we allow.
+MAX_ENUMERATED_STEPS = 20
+
+
+@dataclass(frozen=True)
+class RandomWalkProblem:
+    """K >= 3 nodes, sequence length N >= 2 (N − 1 tokens and the target), positional dimension M > N,
+    step probability p ∈ [0, 1], loss offset ε > 0 and step size η > 0 (spec §1–2; defaults are the paper's)."""
+
+    K: int
+    N: int
+    p: float
+    M: int = 1000
+    eps: float = 0.1
+    eta: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "K", check.integer(self.K, "K", minimum=3))
+        object.__setattr__(self, "N", check.integer(self.N, "N", minimum=2))
+        # <p_i, p_j> = (M/2)δ_ij needs 1 <= i, j <= M − 1, i.e. N < M.
+        object.__setattr__(self, "M", check.integer(self.M, "M", minimum=self.N + 1))
+        object.__setattr__(self, "p", check.real(self.p, "p", minimum=0.0, maximum=1.0))
+        object.__setattr__(self, "eps", check.real(self.eps, "eps", minimum=0.0, strict=True))
+        object.__setattr__(self, "eta", check.real(self.eta, "eta", minimum=0.0, strict=True))
+
+    @property
+    def P_norm(self) -> float:
+        """‖p_i‖² = M/2, the only property of the positional embeddings the dynamics see (spec §4)."""
+        return self.M / 2
+
+    def transition_matrix(self) -> np.ndarray:
+        """Π with π_ij = p·1{j = i+1} + (1 − p)·1{j = i−1} (mod K), spec §1."""
+        index = np.arange(self.K)
+        Pi = np.zeros((self.K, self.K))
+        Pi[index, (index + 1) % self.K] += self.p
+        Pi[index, (index - 1) % self.K] += 1 - self.p
+        return Pi
+
+    @property
+    def optimal_accuracy(self) -> float:
+        """max(p, 1 − p), the Bayes accuracy of predicting s_N from s_{N−1} (spec §1)."""
+        return max(self.p, 1 - self.p)
+
+    @property
+    def failure_case(self) -> bool:
+        """The failure theorem's setting (spec §3): p ∈ {0, 1} and N = rK + 1."""
+        return self.p in (0.0, 1.0) and (self.N - 1) % self.K == 0
+
+
+def positional_embeddings(N: int, M: int) -> np.ndarray:
+    """P ∈ R^{M×N}, [p_i]_k = sin(π i k / M) (spec §2, reconstructed): mutually orthogonal, ‖p_i‖² = M/2 for i < M."""
+    N = check.integer(N, "N", minimum=1)
+    M = check.integer(M, "M", minimum=N + 1)
+    k = np.arange(1, M + 1)[:, None]
+    i = np.arange(1, N + 1)[None, :]
+    return np.sin(np.pi * i * k / M)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Step paths as displacements d (n, N−1), d_k = (y − s_k) mod K, with probability weights summing to 1."""
+
+    displacements: np.ndarray
+    weights: np.ndarray
+    exact: bool
+
+
+def _displacements(steps: np.ndarray, K: int) -> np.ndarray:
+    """d_k = (Σ_{i > k} step_i) mod K for k = 1..N−1, from the N − 1 steps (columns: steps into positions 2..N)."""
+    tail = np.cumsum(steps[:, ::-1], axis=1)[:, ::-1]  # tail[:, k-1] = Σ_{i >= k} (steps into k+1..N)
+    return np.mod(tail, K).astype(np.int64)
+
+
+def enumerate_paths(problem: RandomWalkProblem) -> Paths:
+    """All 2^{N−1} step paths with their probabilities p^{#up}(1 − p)^{#down}; zero-probability paths dropped
+    (so p ∈ {0, 1} gives the single deterministic path, for any N)."""
+    n_steps = problem.N - 1
+    if problem.p in (0.0, 1.0):
+        steps = np.full((1, n_steps), 1 if problem.p == 1.0 else -1)
+        return Paths(_displacements(steps, problem.K), np.ones(1), exact=True)
+    if n_steps > MAX_ENUMERATED_STEPS:
+        raise ValueError(f"N must be <= {MAX_ENUMERATED_STEPS + 1} for exact enumeration (2^(N-1) paths), got "
+                         f"{problem.N}; use sample_paths")
+    codes = np.arange(2**n_steps)[:, None]
+    up = (codes >> np.arange(n_steps)[None, :]) & 1
+    n_up = up.sum(axis=1)
+    n_down = n_steps - n_up
+    keep = ((n_up == 0) | (problem.p > 0)) & ((n_down == 0) | (problem.p < 1))
+    # 0·log 0 counts as 0: a path with no down-steps has probability p^{N−1} even at p = 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p, log_q = np.log(problem.p), np.log1p(-problem.p)
+        log_weight = (np.where(n_up[keep] > 0, n_up[keep] * log_p, 0.0)
+                      + np.where(n_down[keep] > 0, n_down[keep] * log_q, 0.0))
+    weights = np.exp(log_weight)
+    return Paths(_displacements(2 * up[keep] - 1, problem.K), weights / weights.sum(), exact=True)
+
+
+def sample_paths(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Paths:
+    """``n`` i.i.d. step paths (Monte Carlo over paths, for large N), equal weights."""
+    n = check.integer(n, "n_paths", minimum=1)
+    steps = np.where(rng.random((n, problem.N - 1)) < problem.p, 1, -1)
+    return Paths(_displacements(steps, problem.K), np.full(n, 1.0 / n), exact=False)
+
+
+def circulant(v) -> np.ndarray:
+    """V with V_{y,s} = v[(y − s) mod K]."""
+    v = np.asarray(v, float)
+    K = v.size
+    return v[(np.arange(K)[:, None] - np.arange(K)[None, :]) % K]
+
+
+# ==================================================================================================
+# The reduced map (spec §4) as a numba kernel; params = (K, N, η, ε, P_norm, n, weights, displacements)
+# ==================================================================================================
+
+
+def pack_reduced_params(problem: RandomWalkProblem, paths: Paths) -> np.ndarray:
+    """Flat float parameters for :func:`reduced_step` (the integrator engine takes one float array)."""
+    if paths.displacements.shape[1] != problem.N - 1:
+        raise ValueError(f"paths must have N - 1 = {problem.N - 1} displacements per path, got "
+                         f"{paths.displacements.shape[1]}")
+    n = paths.weights.size
+    head = [problem.K, problem.N, problem.eta, problem.eps, problem.P_norm, n]
+    return np.concatenate([head, paths.weights, paths.displacements.ravel().astype(float)])
+
+
+@njit(cache=True)
+def _unpack(params):
+    K, N, n = int(params[0]), int(params[1]), int(params[5])
+    weights = params[6:6 + n]
+    d = params[6 + n:6 + n + n * (N - 1)]
+    return K, N, params[2], params[3], params[4], n, weights, d
+
+
+@njit(cache=True)
+def _softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+@njit(cache=True)
+def _population_terms(v, z, params):
+    """(loss, E[l'·Σ_k S_k 1{d_k = c}] per c, E[g_k] per k) at the state (v, z), spec §4."""
+    K, N, eta, eps, P_norm, n, weights, d = _unpack(params)
+    S = _softmax(z)
+    grad_v = np.zeros(K)
+    mean_g = np.zeros(N)
+    loss = 0.0
+    for i in range(n):
+        row = i * (N - 1)
+        f_y = 0.0
+        for k in range(N - 1):
+            f_y += S[k] * v[int(d[row + k])]
+        margin = f_y + eps
+        if margin <= 0.0:
+            return np.inf, grad_v, mean_g  # −log of a non-positive number: the caller reports divergence
+        dl = -1.0 / margin
+        loss -= weights[i] * math.log(margin)
+        for k in range(N - 1):
+            c = int(d[row + k])
+            grad_v[c] += weights[i] * dl * S[k]
+            mean_g[k] += weights[i] * dl * S[k] * (v[c] - f_y)
+        mean_g[N - 1] += -weights[i] * dl * S[N - 1] * f_y
+    return loss, grad_v, mean_g
+
+
+@njit(cache=True)
+def reduced_step(k, x, params):
+    """One GD step on x = (v, z) (spec §4):
+        v[c] ← v[c] − (η/K) E[l' Σ_k S_k 1{d_k = c}],
+        z_k  ← z_k − η P_norm² E[g_k] + (η P_norm/K) E[g_N]  (k < N),   z_N ← z_N − η P_norm² E[g_N].
+    A non-positive f_y + ε (log undefined) returns NaN so the engine stops and names the step."""
+    K, N = int(params[0]), int(params[1])
+    eta, P_norm = params[2], params[4]
+    v = x[:K]
+    z = x[K:]
+    loss, grad_v, mean_g = _population_terms(v, z, params)
+    out = np.empty(K + N)
+    if not np.isfinite(loss):
+        out[:] = np.nan
+        return out
+    for c in range(K):
+        out[c] = v[c] - eta / K * grad_v[c]
+    for j in range(N - 1):
+        out[K + j] = z[j] - eta * P_norm**2 * mean_g[j] + eta * P_norm / K * mean_g[N - 1]
+    out[K + N - 1] = z[N - 1] - eta * P_norm**2 * mean_g[N - 1]
+    return out
+
+
+@njit(cache=True)
+def _reduced_loss_kernel(x, params):
+    K = int(params[0])
+    return _population_terms(x[:K], x[K:], params)[0]
+
+
+def reduced_loss(problem: RandomWalkProblem, paths: Paths, v, z) -> float:
+    """E[−log(f_y + ε)] over the paths at the reduced state (v, z)."""
+    v = check.finite_array(v, "v", shape=(problem.K,))
+    z = check.finite_array(z, "z", shape=(problem.N,))
+    return float(_reduced_loss_kernel(np.concatenate([v, z]), pack_reduced_params(problem, paths)))
+
+
+@njit(cache=True)
+def _accuracy_kernel(v, z, K, N, weights, d):
+    """P(Pred(f) = y), ties to the smallest label (spec §2), averaged exactly over y uniform.
+
+    For target y and path d, f_{(y + r) mod K} = g[r] = Σ_k S_k v[(r + d_k) mod K]; relative label 0 is predicted
+    iff it attains the max and y is the smallest absolute label (y + r) mod K among the maximisers r.
+    """
+    S = _softmax(z)
+    n = weights.size
+    g = np.empty(K)
+    total = 0.0
+    for i in range(n):
+        row = i * (N - 1)
+        for r in range(K):
+            acc = 0.0
+            for k in range(N - 1):
+                acc += S[k] * v[(r + int(d[row + k])) % K]
+            g[r] = acc
+        top = g.max()
+        if g[0] != top:
+            continue
+        wins = 0
+        for y in range(K):
+            smallest = True
+            for r in range(1, K):
+                if g[r] == top and (y + r) % K < y:
+                    smallest = False
+                    break
+            if smallest:
+                wins += 1
+        total += weights[i] * wins / K
+    return total
+
+
+def accuracy(problem: RandomWalkProblem, paths: Paths, v, z) -> float:
+    """Accuracy of the prediction argmax_j f_j (ties to the smallest label) at the reduced state (v, z)."""
+    v = check.finite_array(v, "v", shape=(problem.K,))
+    z = check.finite_array(z, "z", shape=(problem.N,))
+    return float(_accuracy_kernel(v, z, problem.K, problem.N, paths.weights,
+                                  paths.displacements.ravel().astype(float)))
+
+
+# ==================================================================================================
+# Closed forms (spec §5, §6)
+# ==================================================================================================
+
+
+def walk_distribution(problem: RandomWalkProblem, m: int) -> np.ndarray:
+    """P(S_m = c), c ∈ [K], for a walk of m steps started at 0."""
+    law = np.zeros(problem.K)
+    law[0] = 1.0
+    for _ in range(m):
+        law = problem.p * np.roll(law, 1) + (1 - problem.p) * np.roll(law, -1)
+    return law
+
+
+def step_one_v(problem: RandomWalkProblem) -> np.ndarray:
+    """v⁽¹⁾[c] = η/(εNK) Σ_{m=1}^{N−1} P(S_m = c) (spec §5; V⁽¹⁾ = η/(εNK) Σ_i (Πᵀ)^{N−i}, W⁽¹⁾ = 0)."""
+    total = sum(walk_distribution(problem, m) for m in range(1, problem.N))
+    return problem.eta / (problem.eps * problem.N * problem.K) * total
+
+
+def one_hot_map(problem: RandomWalkProblem, v_plus: float, v_minus: float, steps: int) -> np.ndarray:
+    """v[±1] under one-hot parent attention S = e_{N−1} (spec §5): v[1] ← v[1] + (η/K)p/(v[1] + ε),
+    v[−1] ← v[−1] + (η/K)(1 − p)/(v[−1] + ε); returns (steps + 1, 2). (v[±1] + ε)² ≈ 2ηp_± t/K for large t."""
+    steps = check.integer(steps, "steps", minimum=0)
+    out = np.empty((steps + 1, 2))
+    out[0] = check.real(v_plus, "v_plus"), check.real(v_minus, "v_minus")
+    rate = problem.eta / problem.K
+    for t in range(steps):
+        a, b = out[t]
+        out[t + 1] = a + rate * problem.p / (a + problem.eps), b + rate * (1 - problem.p) / (b + problem.eps)
+    return out
+
+
+def deterministic_closure(problem: RandomWalkProblem, steps: int) -> np.ndarray:
+    """The 3-scalar closure (c, ζ, ζ_N) of the failure case p ∈ {0, 1}, N = rK + 1, from zero (spec §5):
+    v = c·1, z_k = ζ (k < N), z_N = ζ_N, so f_y = (N − 1)s·c for every sequence; returns (steps + 1, 3)."""
+    if not problem.failure_case:
+        raise ValueError(f"the closure needs p in {{0, 1}} and N = rK + 1, got p={problem.p}, N={problem.N}, "
+                         f"K={problem.K}")
+    steps = check.integer(steps, "steps", minimum=0)
+    r = (problem.N - 1) // problem.K
+    eta, eps, P = problem.eta, problem.eps, problem.P_norm
+    out = np.zeros((steps + 1, 3))
+    for t in range(steps):
+        c, zeta, zeta_N = out[t]
+        shift = max(zeta, zeta_N)
+        denominator = (problem.N - 1) * math.exp(zeta - shift) + math.exp(zeta_N - shift)
+        s, S_N = math.exp(zeta - shift) / denominator, math.exp(zeta_N - shift) / denominator
+        f = (problem.N - 1) * s * c
+        g_o = -s * (c - f) / (f + eps)
+        g_N = S_N * f / (f + eps)
+        out[t + 1] = (c + eta / problem.K * s * r / (f + eps), zeta - eta * P**2 * g_o + eta * P / problem.K * g_N,
+                      zeta_N - eta * P**2 * g_N)
+    return out
+
+
+def _unit(x):
+    x = np.asarray(x, float)
+    norm = np.linalg.norm(x)
+    if norm == 0:
+        raise ValueError("the direction of a zero vector is undefined")
+    return x / norm
+
+
+def claim3_direction(K: int, p: float) -> np.ndarray:
+    """v of Πᵀ: v[1] = p, v[−1] = 1 − p (the target of the paper's claim 3, spec §3)."""
+    v = np.zeros(K)
+    v[1], v[-1] = p, 1 - p
+    return v
+
+
+def sqrt_law_direction(K: int, p: float) -> np.ndarray:
+    """v[1] = √p, v[−1] = √(1 − p): the direction V actually converges to (spec §6, derived)."""
+    v = np.zeros(K)
+    v[1], v[-1] = math.sqrt(p), math.sqrt(1 - p)
+    return v
+
+
+def direction_error(v, target) -> float:
+    """‖V/‖V‖_F − T/‖T‖_F‖_F for circulant V, T; equals ‖v/‖v‖ − t/‖t‖‖ since ‖circ(x)‖_F = √K‖x‖."""
+    return float(np.linalg.norm(_unit(v) - _unit(target)))
+
+
+def direction_plateau(p: float) -> float:
+    """The limit of the claim-3 error when V follows the √p-law: ‖Πᵀ/‖Πᵀ‖ − √-law‖ (0 only at p ∈ {0, ½, 1})."""
+    p = check.real(p, "p", minimum=0.0, maximum=1.0)
+    return direction_error(sqrt_law_direction(3, p), claim3_direction(3, p))

@@ -1,0 +1,227 @@
+"""Random-walk transformer: the reduced map through the integrator engine, and full (V, W) gradient descent.
+
+The reduced map (spec §4) runs on (v, z) with expectations over step paths (exact enumeration or Monte Carlo);
+the full model trains V ∈ R^{K×K} and W ∈ R^{(K+M)×(K+M)} on explicit token sequences with weights: all K·2^{N−1}
+sequences with their probabilities (the exact population gradient) or n sampled sequences (a training set).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from closed_forms import random_walk as cf
+from closed_forms import validation as check
+from closed_forms.random_walk import Paths, RandomWalkProblem
+
+from .integrate import DivergenceError, iterate_map, map_loop
+from .montecarlo import SeedLike, Trajectory, seed_sequence
+
+__all__ = ["reduced_trajectory", "Sequences", "population_sequences", "sample_sequences", "full_gd_trajectory",
+           "full_accuracy"]
+
+
+@njit(cache=True)
+def _reduced_loop(x0, n_steps, record_steps, params, blowup):
+    return map_loop(cf.reduced_step, x0, n_steps, record_steps, params, blowup)
+
+
+def _record_steps(steps: int, n_records: int | None) -> np.ndarray:
+    if n_records is None or n_records >= steps + 1:
+        return np.arange(steps + 1)
+    return np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
+
+
+def reduced_trajectory(problem: RandomWalkProblem, paths: Paths, steps: int, *, n_records: int | None = None,
+                       eval_paths: Paths | None = None, x0=None) -> Trajectory:
+    """Reduced GD (spec §4) from v = 0, z = 0 (or ``x0`` = (v, z)); expectations over ``paths``.
+
+    Records v, z, the loss, the parent attention S_{N−1}, the query weight S_N and the accuracy (on
+    ``eval_paths``, by default the training paths) at every step or at ``n_records`` log-spaced steps.
+    """
+    steps = check.integer(steps, "steps", minimum=0)
+    params = cf.pack_reduced_params(problem, paths)
+    x0 = np.zeros(problem.K + problem.N) if x0 is None else check.finite_array(x0, "x0", shape=(problem.K + problem.N,))
+    record = _record_steps(steps, n_records)
+    sol = iterate_map(cf.reduced_step, x0, steps, params, record_steps=record, loop=_reduced_loop)
+    v, z = sol.y[:, :problem.K], sol.y[:, problem.K:]
+    evaluation = eval_paths or paths
+    S = np.array([np.exp(zz - zz.max()) / np.exp(zz - zz.max()).sum() for zz in z])
+    return Trajectory(
+        times=sol.t, states=dict(v=v, z=z),
+        metrics=dict(loss=np.array([cf.reduced_loss(problem, paths, a, b) for a, b in zip(v, z)]),
+                     parent_attention=S[:, problem.N - 2], query_attention=S[:, problem.N - 1],
+                     accuracy=np.array([cf.accuracy(problem, evaluation, a, b) for a, b in zip(v, z)])),
+        info=dict(exact=paths.exact, n_paths=paths.weights.size))
+
+
+# ==================================================================================================
+# The full model on explicit sequences
+# ==================================================================================================
+
+
+class Sequences:
+    """Token sequences ``states`` (n, N) of node indices 0..K−1 (the last column is the target y) with weights."""
+
+    def __init__(self, states: np.ndarray, weights: np.ndarray):
+        self.states = np.ascontiguousarray(states, dtype=np.int64)
+        self.weights = np.ascontiguousarray(weights, dtype=float)
+
+
+def _sequences_from_paths(problem: RandomWalkProblem, paths: Paths, starts: np.ndarray) -> np.ndarray:
+    """States s_k = (y − d_k) mod K for k < N and s_N = y, for each path and target y in ``starts``."""
+    y = starts[:, None]
+    return np.concatenate([np.mod(y - paths.displacements, problem.K), y], axis=1)
+
+
+def population_sequences(problem: RandomWalkProblem) -> Sequences:
+    """All K·2^{N−1} sequences with their probabilities: full GD on them is GD on the population loss."""
+    paths = cf.enumerate_paths(problem)
+    n = paths.weights.size
+    targets = np.repeat(np.arange(problem.K), n)
+    states = _sequences_from_paths(problem, Paths(np.tile(paths.displacements, (problem.K, 1)), None, True), targets)
+    return Sequences(states, np.tile(paths.weights, problem.K) / problem.K)
+
+
+def sample_sequences(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Sequences:
+    """``n`` sequences from the data model (s₁ uniform), equal weights."""
+    paths = cf.sample_paths(problem, n, rng)
+    return Sequences(_sequences_from_paths(problem, paths, rng.integers(problem.K, size=n)), np.full(n, 1.0 / n))
+
+
+@njit(cache=True)
+def _full_step(states, weights, V, W_right, P, eta, eps, update):
+    """One GD step of the full model in place; returns (loss, mean attention (N,)) before the step, or loss = inf
+    when some f_y + ε <= 0. ∇_W l = Σ_j g_j x̃_j x̃_Nᵀ with x̃_N = [0; p_N]: only W_right = W[:, K:] (the columns
+    multiplying p_N) moves and matters, so the kernel keeps it as its own contiguous array; g_j = l'S_j(u_j − f_y)."""
+    n, N = states.shape
+    K = V.shape[0]
+    M = P.shape[0]
+    p_N = P[:, N - 1].copy()
+    h = W_right @ p_N  # W x̃_N, the same for every sequence
+    q = P.T @ h[K:]  # positional part of the logits
+    grad_V = np.zeros((K, K))
+    c_x = np.zeros(K + M)
+    g_pos = np.zeros(N)
+    mean_S = np.zeros(N)
+    z = np.empty(N)
+    loss = 0.0
+    for i in range(n):
+        y = states[i, N - 1]
+        for j in range(N - 1):
+            z[j] = h[states[i, j]] + q[j]
+        z[N - 1] = q[N - 1]
+        e = np.exp(z - z.max())
+        S = e / e.sum()
+        f_y = 0.0
+        for j in range(N - 1):
+            f_y += S[j] * V[y, states[i, j]]
+        if f_y + eps <= 0.0:
+            return np.inf, mean_S
+        dl = -1.0 / (f_y + eps)
+        w = weights[i]
+        loss -= w * math.log(f_y + eps)
+        for j in range(N - 1):
+            s = states[i, j]
+            grad_V[y, s] += w * dl * S[j]
+            g = dl * S[j] * (V[y, s] - f_y)
+            c_x[s] += w * g
+            g_pos[j] += w * g
+        g_pos[N - 1] += -w * dl * S[N - 1] * f_y
+        mean_S += w * S
+    if not update:
+        return loss, mean_S
+    c_x[K:] += P @ g_pos
+    for a in range(K + M):
+        for b in range(M):
+            W_right[a, b] -= eta * c_x[a] * p_N[b]
+    for a in range(K):
+        for b in range(K):
+            V[a, b] -= eta * grad_V[a, b]
+    return loss, mean_S
+
+
+@njit(cache=True)
+def _full_loop(states, weights, V, W_right, P, eta, eps, record_steps):
+    n_records = record_steps.size
+    K, N = V.shape[0], states.shape[1]
+    V_rec = np.empty((n_records, K, K))
+    S_rec = np.empty((n_records, N))
+    loss_rec = np.empty(n_records)
+    j = 0
+    last = record_steps[-1]
+    for t in range(last + 1):
+        V_before = V.copy()
+        loss, mean_S = _full_step(states, weights, V, W_right, P, eta, eps, t < last)  # state t, then step t → t + 1
+        if not np.isfinite(loss) or not np.all(np.isfinite(V)):
+            return V_rec, S_rec, loss_rec, t
+        if j < n_records and record_steps[j] == t:
+            V_rec[j] = V_before
+            S_rec[j] = mean_S
+            loss_rec[j] = loss
+            j += 1
+    return V_rec, S_rec, loss_rec, -1
+
+
+@njit(cache=True)
+def _full_accuracy_kernel(states, V, W_right, P):
+    n, N = states.shape
+    K = V.shape[0]
+    h = W_right @ P[:, N - 1].copy()
+    q = P.T @ h[K:]
+    z = np.empty(N)
+    correct = 0
+    for i in range(n):
+        for j in range(N - 1):
+            z[j] = h[states[i, j]] + q[j]
+        z[N - 1] = q[N - 1]
+        e = np.exp(z - z.max())
+        S = e / e.sum()
+        f = np.zeros(K)
+        for j in range(N - 1):
+            f += S[j] * V[:, states[i, j]]
+        correct += int(np.argmax(f) == states[i, N - 1])  # argmax returns the first maximiser: smallest label
+    return correct / n
+
+
+def full_accuracy(problem: RandomWalkProblem, sequences: Sequences, V, W) -> float:
+    """Fraction of ``sequences`` whose prediction min{j : f_j = max f} equals the target."""
+    P = positional_embeddings_cached(problem)
+    V = check.finite_array(V, "V", shape=(problem.K, problem.K))
+    W = check.finite_array(W, "W", shape=(problem.K + problem.M,) * 2)
+    return float(_full_accuracy_kernel(sequences.states, np.ascontiguousarray(V), np.ascontiguousarray(W[:, problem.K:]), P))
+
+
+_EMBEDDINGS: dict = {}
+
+
+def positional_embeddings_cached(problem: RandomWalkProblem) -> np.ndarray:
+    key = (problem.N, problem.M)
+    if key not in _EMBEDDINGS:
+        _EMBEDDINGS[key] = np.ascontiguousarray(cf.positional_embeddings(problem.N, problem.M))
+    return _EMBEDDINGS[key]
+
+
+def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: int, *, init_scale: float = 0.0,
+                       seed: SeedLike = 0, n_records: int | None = None) -> Trajectory:
+    """GD on the full (V, W) over ``sequences`` (weighted), from zero or N(0, init_scale²) entries.
+
+    Records V (K, K), the weighted mean attention (N,) and the loss before the step at each recorded step; the
+    final W is in ``info['W']``. Stops with :class:`DivergenceError` naming the step if the loss leaves its domain.
+    """
+    steps = check.integer(steps, "steps", minimum=0)
+    init_scale = check.real(init_scale, "init_scale", minimum=0.0)
+    rng = np.random.default_rng(seed_sequence(seed))
+    size = problem.K + problem.M
+    V = init_scale * rng.standard_normal((problem.K, problem.K))
+    W = init_scale * rng.standard_normal((size, size))
+    record = _record_steps(steps, n_records)
+    W_right = np.ascontiguousarray(W[:, problem.K:])
+    V_rec, S_rec, loss_rec, failed = _full_loop(sequences.states, sequences.weights, V, W_right,
+                                                positional_embeddings_cached(problem), problem.eta, problem.eps, record)
+    W[:, problem.K:] = W_right
+    if failed >= 0:
+        raise DivergenceError(f"full GD diverged at step {failed}: f_y + eps <= 0 or a non-finite V")
+    return Trajectory(times=record.astype(float), states=dict(V=V_rec, attention=S_rec), metrics=dict(loss=loss_rec),
+                      info=dict(W=W, V=V))
