@@ -10,7 +10,8 @@ embeddings [p_i]_k = sin(π i k / M), ‖p_i‖² = M/2 =: P_norm; loss −log(f
 Reduction (spec §4): only W x̃_N matters and, by rotation symmetry, V is circulant, V_{y,s} = v[(y − s) mod K], and
 the attention S = softmax(z) ∈ Δ^N is the same for every sequence. The state is (v ∈ R^K, z ∈ R^N); expectations
 run over the displacements d_k = (y − s_k) mod K (the sum of the N − k steps after position k), either by
-enumerating the 2^{N−1} step paths exactly (:func:`enumerate_paths`) or by Monte Carlo (:func:`sample_paths`).
+enumerating the 2^{N−1} step paths exactly (:func:`enumerate_paths`) or by Monte Carlo over paths
+(``dynamics.random_walk.sample_paths``; sampling lives in dynamics).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from numba import njit
 
 from . import validation as check
 
-__all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "sample_paths", "positional_embeddings", "circulant",
+__all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
            "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "step_one_v", "one_hot_map",
            "deterministic_closure", "direction_error", "claim3_direction", "sqrt_law_direction",
            "direction_plateau", "MAX_ENUMERATED_STEPS"]
@@ -94,7 +95,7 @@ class Paths:
     exact: bool
 
 
-def _displacements(steps: np.ndarray, K: int) -> np.ndarray:
+def displacements_from_steps(steps: np.ndarray, K: int) -> np.ndarray:
     """d_k = (Σ_{i > k} step_i) mod K for k = 1..N−1, from the N − 1 steps (columns: steps into positions 2..N)."""
     tail = np.cumsum(steps[:, ::-1], axis=1)[:, ::-1]  # tail[:, k-1] = Σ_{i >= k} (steps into k+1..N)
     return np.mod(tail, K).astype(np.int64)
@@ -106,7 +107,7 @@ def enumerate_paths(problem: RandomWalkProblem) -> Paths:
     n_steps = problem.N - 1
     if problem.p in (0.0, 1.0):
         steps = np.full((1, n_steps), 1 if problem.p == 1.0 else -1)
-        return Paths(_displacements(steps, problem.K), np.ones(1), exact=True)
+        return Paths(displacements_from_steps(steps, problem.K), np.ones(1), exact=True)
     if n_steps > MAX_ENUMERATED_STEPS:
         raise ValueError(f"N must be <= {MAX_ENUMERATED_STEPS + 1} for exact enumeration (2^(N-1) paths), got "
                          f"{problem.N}; use sample_paths")
@@ -121,14 +122,7 @@ def enumerate_paths(problem: RandomWalkProblem) -> Paths:
         log_weight = (np.where(n_up[keep] > 0, n_up[keep] * log_p, 0.0)
                       + np.where(n_down[keep] > 0, n_down[keep] * log_q, 0.0))
     weights = np.exp(log_weight)
-    return Paths(_displacements(2 * up[keep] - 1, problem.K), weights / weights.sum(), exact=True)
-
-
-def sample_paths(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Paths:
-    """``n`` i.i.d. step paths (Monte Carlo over paths, for large N), equal weights."""
-    n = check.integer(n, "n_paths", minimum=1)
-    steps = np.where(rng.random((n, problem.N - 1)) < problem.p, 1, -1)
-    return Paths(_displacements(steps, problem.K), np.full(n, 1.0 / n), exact=False)
+    return Paths(displacements_from_steps(2 * up[keep] - 1, problem.K), weights / weights.sum(), exact=True)
 
 
 def circulant(v) -> np.ndarray:

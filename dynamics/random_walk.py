@@ -18,8 +18,15 @@ from closed_forms.random_walk import Paths, RandomWalkProblem
 from .integrate import DivergenceError, iterate_map, map_loop
 from .montecarlo import SeedLike, Trajectory, seed_sequence
 
-__all__ = ["reduced_trajectory", "Sequences", "population_sequences", "sample_sequences", "full_gd_trajectory",
-           "full_accuracy"]
+__all__ = ["sample_paths", "reduced_trajectory", "Sequences", "population_sequences", "sample_sequences",
+           "full_gd_trajectory", "full_accuracy"]
+
+
+def sample_paths(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Paths:
+    """``n`` i.i.d. step paths (Monte Carlo over paths, for large N), equal weights."""
+    n = check.integer(n, "n_paths", minimum=1)
+    steps = np.where(rng.random((n, problem.N - 1)) < problem.p, 1, -1)
+    return Paths(cf.displacements_from_steps(steps, problem.K), np.full(n, 1.0 / n), exact=False)
 
 
 @njit(cache=True)
@@ -86,7 +93,7 @@ def population_sequences(problem: RandomWalkProblem) -> Sequences:
 
 def sample_sequences(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Sequences:
     """``n`` sequences from the data model (s₁ uniform), equal weights."""
-    paths = cf.sample_paths(problem, n, rng)
+    paths = sample_paths(problem, n, rng)
     return Sequences(_sequences_from_paths(problem, paths, rng.integers(problem.K, size=n)), np.full(n, 1.0 / n))
 
 

@@ -34,7 +34,7 @@ def test_enumerated_paths_match_sampled_path_frequencies():
     problem = RandomWalkProblem(K=5, N=9, p=0.7)
     exact = cf.enumerate_paths(problem)
     assert exact.weights.sum() == pytest.approx(1.0, abs=1e-14)
-    sampled = cf.sample_paths(problem, 200_000, np.random.default_rng(0))
+    sampled = dyn.sample_paths(problem, 200_000, np.random.default_rng(0))
     for k in (0, 4, 7):  # displacement laws at three positions
         for c in range(5):
             p_exact = exact.weights[exact.displacements[:, k] == c].sum()
@@ -149,8 +149,8 @@ def test_divergence_names_the_step():
 
 def test_sampling_is_reproducible():
     problem = RandomWalkProblem(K=5, N=9, p=0.7)
-    a = cf.sample_paths(problem, 100, np.random.default_rng(7))
-    b = cf.sample_paths(problem, 100, np.random.default_rng(7))
+    a = dyn.sample_paths(problem, 100, np.random.default_rng(7))
+    b = dyn.sample_paths(problem, 100, np.random.default_rng(7))
     assert np.array_equal(a.displacements, b.displacements)
 
 

@@ -126,8 +126,8 @@ def optimal_accuracy(seed, K, N, ps, steps, mc):
         for p, child in zip(mc["ps"], seed.spawn(len(mc["ps"]))):
             problem = RandomWalkProblem(K=mc["K"], N=mc["N"], p=p)
             train_rng, eval_rng = (np.random.default_rng(s) for s in child.spawn(2))
-            evaluation = cf.sample_paths(problem, mc["n_eval"], eval_rng)
-            run = dyn.reduced_trajectory(problem, cf.sample_paths(problem, mc["n_train"], train_rng), mc["steps"],
+            evaluation = dyn.sample_paths(problem, mc["n_eval"], eval_rng)
+            run = dyn.reduced_trajectory(problem, dyn.sample_paths(problem, mc["n_train"], train_rng), mc["steps"],
                                          n_records=4, eval_paths=evaluation)
             value = float(run.metrics["accuracy"][-1])
             rows.append(dict(config=f"K={mc['K']}, N={mc['N']} (MC paths)", p=p, accuracy=value,

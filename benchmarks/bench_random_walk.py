@@ -1,0 +1,77 @@
+"""Random walk, K = 20, N = 101: the reduced map with Monte-Carlo path expectations against full (V, W) GD on
+sampled sequences, at the same statistical accuracy (not a test).
+
+Both start from zero and take ``--steps`` GD steps, p = 0.5 (the paper's setting, M = 1000). Accuracy is the
+relative Frobenius error of V after the last step against a reference reduced run on ``--reference`` paths. With
+n samples the error of each method scales like n^{-1/2}, so the samples the full model needs to match the reduced
+map's error at n are n·(e_full/e_reduced)², and its time scales linearly in samples (both costs are O(n·N) per
+step plus the full model's O((K + M)·M) W update). Everything runs in this process, side by side.
+
+    python benchmarks/bench_random_walk.py [--samples 20000] [--steps 10] [--reference 400000]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from closed_forms import random_walk as cf
+from dynamics import random_walk as dyn
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--reference", type=int, default=400_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    problem = cf.RandomWalkProblem(K=20, N=101, p=0.5)
+    seeds = np.random.SeedSequence(0).spawn(2 * args.repeats + 1)
+    reference_paths = dyn.sample_paths(problem, args.reference, np.random.default_rng(seeds[-1]))
+    reference = cf.circulant(dyn.reduced_trajectory(problem, reference_paths, args.steps, n_records=2).states["v"][-1])
+
+    def error(V):
+        return np.linalg.norm(V - reference) / np.linalg.norm(reference)
+
+    # warm-up (compile or cache load) outside the timings
+    small = dyn.sample_paths(problem, 10, np.random.default_rng(1))
+    dyn.reduced_trajectory(problem, small, 1)
+    dyn.full_gd_trajectory(problem, dyn.sample_sequences(problem, 10, np.random.default_rng(1)), 1)
+
+    times = {"reduced": [], "full": []}
+    errors = {"reduced": [], "full": []}
+    for r in range(args.repeats):
+        paths = dyn.sample_paths(problem, args.samples, np.random.default_rng(seeds[2 * r]))
+        start = time.perf_counter()
+        run = dyn.reduced_trajectory(problem, paths, args.steps, n_records=2)
+        times["reduced"].append(time.perf_counter() - start)
+        errors["reduced"].append(error(cf.circulant(run.states["v"][-1])))
+        sequences = dyn.sample_sequences(problem, args.samples, np.random.default_rng(seeds[2 * r + 1]))
+        start = time.perf_counter()
+        full = dyn.full_gd_trajectory(problem, sequences, args.steps, n_records=2)
+        times["full"].append(time.perf_counter() - start)
+        errors["full"].append(error(full.info["V"]))
+    # the reduced trajectory also evaluates accuracy at its records; time only the map for a fair comparison
+    params = cf.pack_reduced_params(problem, dyn.sample_paths(problem, args.samples, np.random.default_rng(seeds[0])))
+    start = time.perf_counter()
+    x = np.zeros(problem.K + problem.N)
+    for k in range(args.steps):
+        x = cf.reduced_step(k, x, params)
+    t_map = time.perf_counter() - start
+
+    e_red, e_full = np.sqrt(np.mean(np.square(errors["reduced"]))), np.sqrt(np.mean(np.square(errors["full"])))
+    t_full = float(np.median(times["full"]))
+    needed = args.samples * (e_full / e_red) ** 2
+    print(f"K = 20, N = 101, M = 1000, p = 0.5, {args.steps} steps, {args.samples:,} samples, {args.repeats} repeats")
+    print(f"reduced map:   {t_map:.3f} s for the map alone ({float(np.median(times['reduced'])):.3f} s with accuracy "
+          f"records); relative error of V {e_red:.2e}")
+    print(f"full (V, W) GD: {t_full:.3f} s; relative error of V {e_full:.2e}")
+    print(f"full GD needs ≈ {needed:,.0f} sequences for the reduced map's error → ≈ {t_full * needed / args.samples:.2f} s")
+    print(f"ratio at equal accuracy: {t_full * needed / args.samples / t_map:.1f}x  (at equal samples {t_full / t_map:.1f}x)")
+    print("Target: >= 10x at the same statistical accuracy.")
+
+
+if __name__ == "__main__":
+    main()
