@@ -61,3 +61,21 @@ def test_one_nn_golden_constants(name, num_regression):
     if d >= 3:
         constants["C"] = one_nn.asymptotic_loss_constant(d, N)
     num_regression.check({k: np.array([v]) for k, v in constants.items()}, default_tolerance=dict(rtol=1e-7, atol=1e-12))
+
+
+RANDOM_WALK_POINTS = {"K6_N13_p07": (6, 13, 0.7), "K6_N13_p05": (6, 13, 0.5), "K5_N11_p03": (5, 11, 0.3)}
+
+
+@pytest.mark.parametrize("name", RANDOM_WALK_POINTS)
+def test_random_walk_golden_constants(name, num_regression):
+    """Random walk: v⁽¹⁾, the exact reduced state after 50 steps (exact enumeration), the √-law plateau."""
+    from closed_forms import random_walk
+    from dynamics import random_walk as dyn
+
+    K, N, p = RANDOM_WALK_POINTS[name]
+    problem = random_walk.RandomWalkProblem(K=K, N=N, p=p)
+    run = dyn.reduced_trajectory(problem, random_walk.enumerate_paths(problem), 50, n_records=3)
+    constants = {f"v1_{c}": value for c, value in enumerate(random_walk.step_one_v(problem))}
+    constants.update({f"v50_{c}": value for c, value in enumerate(run.states["v"][-1])})
+    constants.update(loss50=run.metrics["loss"][-1], plateau=random_walk.direction_plateau(p))
+    num_regression.check({k: np.array([v]) for k, v in constants.items()}, default_tolerance=dict(rtol=1e-9, atol=1e-12))
