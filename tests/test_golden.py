@@ -79,3 +79,15 @@ def test_random_walk_golden_constants(name, num_regression):
     constants.update({f"v50_{c}": value for c, value in enumerate(run.states["v"][-1])})
     constants.update(loss50=run.metrics["loss"][-1], plateau=random_walk.direction_plateau(p))
     num_regression.check({k: np.array([v]) for k, v in constants.items()}, default_tolerance=dict(rtol=1e-9, atol=1e-12))
+
+
+def test_group_sparse_golden_constants(num_regression):
+    """Group sparse: the position-only quadrature at the spec §6 points and the asymptotic constant."""
+    from closed_forms import group_sparse
+
+    problem = group_sparse.GroupSparseProblem.standard(4, 6)
+    constants = {"c": group_sparse.asymptotic_loss_constant()}
+    for beta, alpha in ((0.3, 0.0), (1.0, 1.0), (2.0, 3.0), (4.0, 6.0)):
+        for name, value in zip(("L", "dbeta", "dalpha"), group_sparse.position_only_terms(problem, beta, alpha)):
+            constants[f"{name}_{beta:g}_{alpha:g}"] = value
+    num_regression.check({k: np.array([v]) for k, v in constants.items()}, default_tolerance=dict(rtol=1e-9, atol=1e-12))

@@ -22,7 +22,8 @@ __all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "ru
            "ScalingLaw", "Observable", "observable", "observables", "to_jsonable"]
 
 # System key -> module holding its claims. Keys are accepted with '_' or '-'.
-SYSTEMS = {"gd_beta": "validation.gd_beta", "one_nn": "validation.one_nn", "random_walk": "validation.random_walk"}
+SYSTEMS = {"gd_beta": "validation.gd_beta", "one_nn": "validation.one_nn", "random_walk": "validation.random_walk",
+           "group_sparse": "validation.group_sparse"}
 # Modules with observables that belong to no system (diagnostics of the sweep machinery itself).
 _EXTRA_MODULES = ("validation.sweep",)
 

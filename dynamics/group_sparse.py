@@ -1,0 +1,199 @@
+"""Group-sparse classification: full-model GD on Monte-Carlo samples, and the position-only (β, α) map.
+
+Full model (spec §2): v ∈ R^{d+D}, W ∈ R^{(d+D)×(d+D)}, tokens h_j = [x_j; e_j]. Per sample (spec §5):
+u_k = vᵀh_k, S_{kj} = softmax_k(h_kᵀWh_j), c_k = Σ_j S_{kj}, f = Σ_k c_k u_k, q = −yσ(−yf),
+∇_v l = q Σ_k c_k h_k, ∇_W l = Σ_{k,j} A_{kj} h_k h_jᵀ with A_{kj} = q S_{kj}(u_k − ū_j), ū_j = Σ_m S_{mj}u_m.
+``symmetrise`` adds the sign-flipped copy (−X, −y) of every sample, which makes v₂ = 0, W₁₂ = W₂₁ = 0 and the
+W₂₂ column sums hold to round-off (spec §5).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from closed_forms import group_sparse as cf
+from closed_forms import validation as check
+from closed_forms.group_sparse import GroupSparseProblem
+
+from .integrate import DivergenceError, iterate_map, map_loop
+from .montecarlo import SeedLike, Trajectory, seed_sequence
+
+__all__ = ["sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "attention_on_star",
+           "attention_matrix"]
+
+
+def sample_data(problem: GroupSparseProblem, n: int, rng: np.random.Generator, *, symmetrise: bool = False):
+    """X (n, d, D) with i.i.d. N(0, σ_x²) entries and y = sign(<x_{j*}, v*>) ∈ {±1}; with ``symmetrise`` the
+    sign-flipped copies (−X, −y) are appended (2n samples)."""
+    n = check.integer(n, "n", minimum=1)
+    X = problem.sigma_x * rng.standard_normal((n, problem.d, problem.D))
+    y = np.where(X[:, :, problem.star] @ problem.v_star >= 0, 1.0, -1.0)
+    if symmetrise:
+        X, y = np.concatenate([X, -X]), np.concatenate([y, -y])
+    return X, y
+
+
+@njit(cache=True)
+def _sample_terms(x, y, v, W, d, D, position_only):
+    """Per-sample loss, ∇_v l (d+D) and ∇_W l ((d+D)², or only the W₂₂ block's entries when position_only)."""
+    n_tok = d + D
+    H = np.zeros((n_tok, D))
+    H[:d, :] = x
+    for j in range(D):
+        H[d + j, j] = 1.0
+    logits = H.T @ (W @ H)  # logits[k, j] = h_kᵀ W h_j
+    S = np.empty((D, D))
+    for j in range(D):
+        top = logits[:, j].max()
+        total = 0.0
+        for k in range(D):
+            S[k, j] = math.exp(logits[k, j] - top)
+            total += S[k, j]
+        for k in range(D):
+            S[k, j] /= total
+    u = v @ H
+    c = S.sum(axis=1)
+    f = 0.0
+    for k in range(D):
+        f += c[k] * u[k]
+    margin = y * f
+    loss = math.log1p(math.exp(-margin)) if margin > 0 else -margin + math.log1p(math.exp(margin))  # log(1 + e^{−yf})
+    q = -y / (1.0 + math.exp(margin)) if margin > -700 else -y
+    grad_v = q * (H @ c)
+    u_bar = u @ S  # ū_j = Σ_m S_mj u_m
+    A = np.empty((D, D))
+    for k in range(D):
+        for j in range(D):
+            A[k, j] = q * S[k, j] * (u[k] - u_bar[j])
+    if position_only:
+        grad_W = np.zeros((n_tok, n_tok))
+        grad_W[d:, d:] = A  # h_k h_jᵀ restricted to the position block is e_k e_jᵀ
+    else:
+        grad_W = H @ A @ H.T
+    return loss, grad_v, grad_W
+
+
+@njit(cache=True)
+def _batch_terms(X, y, v, W, position_only):
+    n, d, D = X.shape
+    loss = 0.0
+    grad_v = np.zeros(d + D)
+    grad_W = np.zeros((d + D, d + D))
+    for i in range(n):
+        l, gv, gW = _sample_terms(np.ascontiguousarray(X[i]), y[i], v, W, d, D, position_only)
+        loss += l
+        grad_v += gv
+        grad_W += gW
+    return loss / n, grad_v / n, grad_W / n
+
+
+def loss_and_gradient(problem: GroupSparseProblem, X, y, v, W, *, position_only: bool = False):
+    """Mean loss and gradient (∇_v, ∇_W) of the raw model over the samples (X, y)."""
+    d, D = problem.d, problem.D
+    v = check.finite_array(v, "v", shape=(d + D,))
+    W = check.finite_array(W, "W", shape=(d + D, d + D))
+    X = np.ascontiguousarray(check.finite_array(X, "X", ndim=3))
+    if X.shape[1:] != (d, D):
+        raise ValueError(f"X must have shape (n, {d}, {D}), got {X.shape}")
+    return _batch_terms(X, np.ascontiguousarray(y, dtype=float), v.copy(), W.copy(), position_only)
+
+
+@njit(cache=True)
+def _mean_attention(X, W):
+    """Mean over samples of the attention matrix S (key k, query j)."""
+    n, d, D = X.shape
+    mean = np.zeros((D, D))
+    H = np.zeros((d + D, D))
+    for j in range(D):
+        H[d + j, j] = 1.0
+    for i in range(n):
+        H[:d, :] = X[i]
+        logits = H.T @ (W @ H)
+        for j in range(D):
+            top = logits[:, j].max()
+            z = 0.0
+            for k in range(D):
+                z += math.exp(logits[k, j] - top)
+            for k in range(D):
+                mean[k, j] += math.exp(logits[k, j] - top) / z
+    return mean / n
+
+
+def attention_matrix(problem: GroupSparseProblem, X, W) -> np.ndarray:
+    """The attention map S (rows: keys, columns: queries) averaged over the samples X (the paper's heat-map)."""
+    W = check.finite_array(W, "W", shape=(problem.d + problem.D,) * 2)
+    return _mean_attention(np.ascontiguousarray(X), np.ascontiguousarray(W))
+
+
+def attention_on_star(problem: GroupSparseProblem, X, W) -> float:
+    """Mean attention S_{j*, j} over samples and queries (the bright row of the paper's attention map)."""
+    return float(attention_matrix(problem, X, W)[problem.star].mean())
+
+
+def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, batch_size: int, seed: SeedLike,
+                       fresh: bool = True, symmetrise: bool = True, position_only: bool = False,
+                       n_records: int = 30, n_eval: int = 2000) -> Trajectory:
+    """GD on (v, W) from zero with Monte-Carlo samples: a fresh batch every step (``fresh``: stochastic
+    approximation of population GD) or one fixed training set of ``batch_size`` samples (the paper's finite-n
+    runs). ``position_only`` trains v and W₂₂ only (spec §6's sub-model).
+
+    Records at ``n_records`` log-spaced steps: β = <v₁, v*>, cos(v₁, v*), the training loss, the mean attention on
+    j* over a held-out set of ``n_eval`` samples, and the symmetry residuals of spec §5.
+    """
+    eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    steps = check.integer(steps, "steps", minimum=1)
+    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    root = seed_sequence(seed)
+    data_seed, eval_seed = root.spawn(2)
+    rng = np.random.default_rng(data_seed)
+    X_eval, _ = sample_data(problem, n_eval, np.random.default_rng(eval_seed))
+    d, D = problem.d, problem.D
+    v = np.zeros(d + D)
+    W = np.zeros((d + D, d + D))
+    record = set(np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)])).tolist())
+    if not fresh:
+        X, y = sample_data(problem, batch_size, rng, symmetrise=symmetrise)
+    rows = []
+    for t in range(steps + 1):
+        if fresh:
+            X, y = sample_data(problem, batch_size, rng, symmetrise=symmetrise)
+        loss, grad_v, grad_W = _batch_terms(X, y, v, W, position_only)
+        if t in record:
+            coords = cf.symmetric_coordinates(problem, v, W)
+            norm = float(np.linalg.norm(v[:d]))
+            rows.append(dict(step=t, loss=loss, cos=float(v[:d] @ problem.v_star / norm) if norm > 0 else 0.0,
+                             attention=attention_on_star(problem, X_eval, W), v=v.copy(), W=W.copy(), **coords))
+        if t == steps:
+            break
+        v = v - eta * grad_v
+        W = W - eta * grad_W
+        if not (np.all(np.isfinite(v)) and np.all(np.isfinite(W))):
+            raise DivergenceError(f"full GD diverged at step {t + 1}: non-finite weights")
+    names = [k for k in rows[0] if k not in ("step", "v", "W")]
+    return Trajectory(times=np.array([r["step"] for r in rows], float),
+                      states=dict(v=np.array([r["v"] for r in rows]), W=np.array([r["W"] for r in rows])),
+                      metrics={k: np.array([r[k] for r in rows]) for k in names},
+                      info=dict(eta=eta, batch_size=batch_size, fresh=fresh, symmetrise=symmetrise,
+                                position_only=position_only))
+
+
+@njit(cache=True)
+def _position_only_loop(x0, n_steps, record_steps, params, blowup):
+    return map_loop(cf.position_only_step, x0, n_steps, record_steps, params, blowup)
+
+
+def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, n_records: int = 60,
+                             record_steps=None) -> Trajectory:
+    """The (β, α) map of spec §6 from (0, 0) through the integrator engine; records β, α, s*, L."""
+    steps = check.integer(steps, "steps", minimum=1)
+    record = (np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
+              if record_steps is None else np.asarray(record_steps, int))
+    sol = iterate_map(cf.position_only_step, [0.0, 0.0], steps, cf.pack_position_only_params(problem, eta),
+                      record_steps=record, loop=_position_only_loop)
+    beta, alpha = sol.y[:, 0], sol.y[:, 1]
+    loss = np.array([cf.position_only_terms(problem, b, a)[0] for b, a in zip(beta, alpha)])
+    s_star = np.array([cf.attention_weights(a, problem.D)[0] for a in alpha])
+    return Trajectory(times=sol.t, states=dict(beta=beta, alpha=alpha), metrics=dict(loss=loss, s_star=s_star),
+                      info=dict(eta=eta))

@@ -1,0 +1,115 @@
+"""Group-sparse classification: the closed forms against brute-force Monte Carlo of the raw transformer."""
+import math
+
+import numpy as np
+import pytest
+
+from closed_forms import group_sparse as cf
+from closed_forms.group_sparse import GroupSparseProblem
+from dynamics import group_sparse as dyn
+from tests.conftest import assert_within_standard_errors
+
+EXAMPLE = GroupSparseProblem.standard(4, 6)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0, 6, 2, np.ones(0)), "d must be >= 1"), ((4, 1, 1, np.ones(4)), "D must be >= 2"),
+    ((4, 6, 7, np.ones(4)), "j_star must be in 1..D"), ((4, 6, 0, np.ones(4)), "j_star must be >= 1"),
+    ((4, 6, 2, np.zeros(4)), "v_star must be non-zero"), ((4, 6, 2, np.ones(3)), "v_star must have shape"),
+    ((4, 6, 2, [1.0, np.nan, 0, 0]), "v_star must be finite"),
+])
+def test_problem_refuses_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        GroupSparseProblem(*args)
+    with pytest.raises(ValueError, match="sigma_x must be > 0"):
+        GroupSparseProblem(4, 6, 2, np.ones(4), sigma_x=0.0)
+
+
+def test_v_star_is_normalised():
+    assert np.linalg.norm(GroupSparseProblem(2, 3, 1, [3.0, 4.0]).v_star) == pytest.approx(1.0)
+
+
+def test_raw_gradient_equals_finite_differences_of_the_raw_loss():
+    rng = np.random.default_rng(0)
+    X, y = dyn.sample_data(EXAMPLE, 50, rng)
+    v = rng.normal(0, 0.5, 10)
+    W = rng.normal(0, 0.5, (10, 10))
+    _, grad_v, grad_W = dyn.loss_and_gradient(EXAMPLE, X, y, v, W)
+    h = 1e-6
+    for i in (0, 3, 5, 9):
+        e = np.zeros(10)
+        e[i] = h
+        fd = (dyn.loss_and_gradient(EXAMPLE, X, y, v + e, W)[0] - dyn.loss_and_gradient(EXAMPLE, X, y, v - e, W)[0]) / (2 * h)
+        assert grad_v[i] == pytest.approx(fd, rel=1e-6, abs=1e-9)
+    for a, b in ((0, 0), (2, 7), (6, 1), (8, 9)):
+        E = np.zeros((10, 10))
+        E[a, b] = h
+        fd = (dyn.loss_and_gradient(EXAMPLE, X, y, v, W + E)[0] - dyn.loss_and_gradient(EXAMPLE, X, y, v, W - E)[0]) / (2 * h)
+        assert grad_W[a, b] == pytest.approx(fd, rel=1e-6, abs=1e-9)
+
+
+def test_first_step_closed_form_matches_monte_carlo():
+    """v⁽¹⁾ = −η∇_v L at zero; its Monte-Carlo estimate from raw per-sample gradients, 4 SE per coordinate."""
+    problem = GroupSparseProblem(3, 4, 3, [1.0, -2.0, 0.5], sigma_x=1.5)
+    X, y = dyn.sample_data(problem, 60_000, np.random.default_rng(1))
+    zero_v, zero_W = np.zeros(7), np.zeros((7, 7))
+    chunks = np.array([-0.7 * dyn.loss_and_gradient(problem, X[part], y[part], zero_v, zero_W)[1]
+                       for part in np.array_split(np.arange(60_000), 30)])
+    closed = cf.first_step_v(problem, 0.7)
+    for i in range(7):
+        assert_within_standard_errors(chunks[:, i].mean(), chunks[:, i].std(ddof=1) / math.sqrt(30) + 1e-15, closed[i])
+    _, _, grad_W = dyn.loss_and_gradient(problem, X[:100], y[:100], zero_v, zero_W)
+    assert np.all(grad_W == 0)
+
+
+def test_position_only_gradient_equals_finite_differences_and_vanishing_beta_gives_log2():
+    for beta, alpha in ((1.0, 1.0), (4.0, 6.0), (0.5, -1.0)):
+        L, d_beta, d_alpha = cf.position_only_terms(EXAMPLE, beta, alpha)
+        h = 1e-5
+        fd_beta = (cf.position_only_terms(EXAMPLE, beta + h, alpha)[0] - cf.position_only_terms(EXAMPLE, beta - h, alpha)[0]) / (2 * h)
+        fd_alpha = (cf.position_only_terms(EXAMPLE, beta, alpha + h)[0] - cf.position_only_terms(EXAMPLE, beta, alpha - h)[0]) / (2 * h)
+        assert d_beta == pytest.approx(fd_beta, rel=1e-5)
+        assert d_alpha == pytest.approx(fd_alpha, rel=1e-5, abs=1e-10)
+    assert cf.position_only_terms(EXAMPLE, 0.0, 2.0)[0] == pytest.approx(math.log(2), rel=1e-12)
+
+
+def test_position_only_loss_approaches_its_asymptote():
+    """L·Dβσ_x → √(2/π)π²/12 as β, α → ∞ (spec §6: 5e-5 at β = 200)."""
+    L = cf.position_only_terms(EXAMPLE, 200.0, 30.0, n_nodes=6001)[0]
+    assert L * 6 * 200.0 / cf.asymptotic_loss_constant() == pytest.approx(1.0, abs=2e-4)
+
+
+def test_attention_weights_are_a_distribution_at_extreme_alpha():
+    for alpha in (-800.0, -3.0, 0.0, 5.0, 800.0):
+        s_star, s_o = cf.attention_weights(alpha, 6)
+        assert s_star + 5 * s_o == pytest.approx(1.0, abs=1e-15)
+        assert 0 <= s_o and 0 <= s_star
+        if alpha >= 0:
+            assert s_o <= s_star
+
+
+def test_symmetric_coordinates_recover_a_symmetric_point():
+    problem = GroupSparseProblem.standard(3, 4, j_star=2)
+    u = problem.v_star
+    W = np.zeros((7, 7))
+    W[:3, :3] = 0.4 * np.outer(u, u) - 0.1 * (np.eye(3) - np.outer(u, u))
+    v = np.concatenate([2.0 * u, np.zeros(4)])
+    coords = cf.symmetric_coordinates(problem, v, W)
+    assert coords["beta"] == pytest.approx(2.0) and coords["c_par"] == pytest.approx(0.4)
+    assert coords["c_perp"] == pytest.approx(-0.1) and coords["W11_off_model"] < 1e-15
+
+
+def test_symmetrised_full_gd_keeps_the_invariants_and_reproduces():
+    a = dyn.full_gd_trajectory(EXAMPLE, 1.0, 15, batch_size=200, seed=4, n_records=4)
+    b = dyn.full_gd_trajectory(EXAMPLE, 1.0, 15, batch_size=200, seed=4, n_records=4)
+    for name in ("v2", "W12", "W21", "W22_column_sum"):
+        assert np.abs(a.metrics[name]).max() < 1e-13
+    assert np.array_equal(a.states["W"], b.states["W"])
+    unsymmetrised = dyn.full_gd_trajectory(EXAMPLE, 1.0, 15, batch_size=200, seed=4, symmetrise=False, n_records=4)
+    assert unsymmetrised.metrics["v2"][-1] > 1e-6  # the invariants need the symmetrised batches
+
+
+def test_quick_claims_pass():
+    from validation.claims import run_claim, select
+    assert {c.name: run_claim(c, seed=0).status for c in select(["group_sparse"])} == {
+        c.name: "PASS" for c in select(["group_sparse"])}

@@ -1,0 +1,188 @@
+"""Claims of Zhang, Meng & Cao (ICLR 2025) on group-sparse variable selection (spec: shared/theory/group_sparse.md)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from closed_forms import group_sparse as cf
+from closed_forms.group_sparse import GroupSparseProblem
+from dynamics import group_sparse as dyn
+
+from . import plots
+from .claims import Outcome, claim
+from .stats import Z_TOLERANCE, fit_power_law, z_basis
+
+PAPER = "Zhang, Meng & Cao, ICLR 2025 (arXiv:2504.08638)"
+EXAMPLE = GroupSparseProblem.standard(d=4, D=6, j_star=2)  # the paper's (d, D) = (4, 6), j* = 2
+ROUND_OFF = 1e-12
+
+
+def _realise_position_only(problem: GroupSparseProblem, beta: float, alpha: float):
+    """(v, W) of the raw model at the sub-model point (β, α): v = [βv*; 0], W₂₂ = r1ᵀ, r = α(e_{j*} − 1/D)."""
+    d, D = problem.d, problem.D
+    v = np.zeros(d + D)
+    v[:d] = beta * problem.v_star
+    W = np.zeros((d + D, d + D))
+    W[d:, d:] = np.outer(alpha * (np.eye(D)[problem.star] - 1.0 / D), np.ones(D))
+    return v, W
+
+
+@claim(
+    "group_sparse.position_only_matches_monte_carlo",
+    reference=f"{PAPER}: the model of spec §2; the position-only reduction of spec §6 (ours)",
+    statement="L(β, α), ∂L/∂β and ∂L/∂α of the position-only sub-model by skew-normal quadrature equal brute-force "
+              "Monte Carlo of the raw transformer (tokens, softmax attention, logistic loss, autodiff-free gradients).",
+    quick=dict(points=((0.3, 0.0), (1.0, 1.0), (2.0, 3.0), (4.0, 6.0)), n_samples=40_000, chunks=20),
+    full=dict(points=((0.3, 0.0), (1.0, 1.0), (2.0, 3.0), (4.0, 6.0), (10.0, 8.0)), n_samples=400_000, chunks=40),
+)
+def position_only_matches_monte_carlo(seed, points, n_samples, chunks):
+    problem = EXAMPLE
+    rows = []
+    star_weights = np.eye(problem.D)[problem.star][:, None] - 1.0 / problem.D  # ∂W₂₂/∂α
+    for (beta, alpha), child in zip(points, seed.spawn(len(points))):
+        v, W = _realise_position_only(problem, beta, alpha)
+        X, y = dyn.sample_data(problem, n_samples, np.random.default_rng(child))
+        values = []
+        for part in np.array_split(np.arange(n_samples), chunks):  # chunk means are i.i.d.: their spread gives the SE
+            loss, grad_v, grad_W = dyn.loss_and_gradient(problem, X[part], y[part], v, W, position_only=True)
+            values.append((loss, grad_v[:problem.d] @ problem.v_star, float(np.sum(grad_W[problem.d:, problem.d:] * star_weights))))
+        values = np.array(values)
+        mean, se = values.mean(axis=0), values.std(axis=0, ddof=1) / math.sqrt(chunks)
+        quad = cf.position_only_terms(problem, beta, alpha)
+        for name, q, m, s in zip(("L", "dL/dbeta", "dL/dalpha"), quad, mean, se):
+            rows.append(dict(beta=beta, alpha=alpha, quantity=name, quadrature=q, monte_carlo=m, standard_error=s,
+                             z=(m - q) / s if s > 0 else 0.0))
+    worst = max(rows, key=lambda r: abs(r["z"]))
+    return Outcome(
+        measured={"max |z|": abs(worst["z"]), "worst": f"{worst['quantity']} at (β, α) = ({worst['beta']:g}, {worst['alpha']:g})"},
+        predicted={"z": 0.0},
+        tolerance=f"|z| < {Z_TOLERANCE:g} for each of {len(rows)} comparisons",
+        basis=z_basis(what=f"standard errors (spread of {chunks} chunk means)"),
+        passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows), details=rows,
+        notes="The quadrature's own error (<= 3e-6 relative at these points) is far below the Monte-Carlo SE.")
+
+
+@claim(
+    "group_sparse.reduced_matches_full_gd",
+    reference=f"{PAPER}: GD of spec §2; the symmetry reduction of spec §5 and the (β, α) map of spec §6 (ours)",
+    statement="With sign-symmetrised batches, full GD keeps v₂ = 0, W₁₂ = W₂₁ = 0 and every W₂₂ column sum at 0 to "
+              "round-off, and v₁ ∥ v* up to noise; the position-only full GD (v, W₂₂ trained) follows the (β, α) map.",
+    quick=dict(steps=20, eta=1.0, batch_size=3000, seeds=3),
+    full=dict(steps=40, eta=1.0, batch_size=50_000, seeds=8),
+)
+def reduced_matches_full_gd(seed, steps, eta, batch_size, seeds):
+    problem = EXAMPLE
+    reduced = dyn.position_only_trajectory(problem, eta, steps, record_steps=[0, steps])
+    children = seed.spawn(seeds + 1)
+    runs = [dyn.full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=s, position_only=True, n_records=3)
+            for s in children[:seeds]]
+    d, star = problem.d, problem.star
+    other = 0 if star else 1
+    beta = np.array([run.metrics["beta"][-1] for run in runs])
+    alpha = np.array([run.states["W"][-1][d + star, d] - run.states["W"][-1][d + other, d] for run in runs])
+    rows = []
+    for name, values, predicted in (("beta", beta, reduced.states["beta"][-1]), ("alpha", alpha, reduced.states["alpha"][-1])):
+        se = values.std(ddof=1) / math.sqrt(seeds)
+        rows.append(dict(quantity=name, full_gd=values.mean(), standard_error=se, reduced=predicted,
+                         z=(values.mean() - predicted) / se))
+    full = dyn.full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=children[-1], n_records=5)
+    invariants = {name: float(np.abs(full.metrics[name]).max()) for name in ("v2", "W12", "W21", "W22_column_sum")}
+    return Outcome(
+        measured={f"full GD {r['quantity']}": r["full_gd"] for r in rows} | {f"max {k}": v for k, v in invariants.items()}
+        | {"cos(v₁, v*) at the end (full model)": float(full.metrics["cos"][-1])},
+        predicted={f"(β, α) map {r['quantity']}": r["reduced"] for r in rows} | {"invariants": 0.0},
+        tolerance=f"|z| < {Z_TOLERANCE:g} for β and α after {steps} steps; every invariant below {ROUND_OFF:g}",
+        basis=z_basis(what=f"standard errors over {seeds} minibatch seeds") + "; the invariants are exact "
+              "consequences of the sign-flip symmetry of symmetrised batches, so only round-off is allowed",
+        passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows) and all(v < ROUND_OFF for v in invariants.values()),
+        details=rows + [dict(quantity=k, full_gd=v, reduced=0.0) for k, v in invariants.items()])
+
+
+@claim(
+    "group_sparse.attention_selects_group",
+    reference=f"{PAPER}: pre-training theorem, items 1–2 (spec §3): S_{{j*, j}} >= 1 − exp(−Θ(D)) and v₁ → v* at T*",
+    statement="Full GD (fresh symmetrised batches, η = 1) run for T = D³ steps puts mean attention on j* with "
+              "1 − S_{j*} decreasing in D, fitted as exp(−cD) with c > 0, and aligns v₁ with v* (cos > 0.999).",
+    quick=dict(Ds=(3, 4, 5, 6), d=4, batch_size=1000, seeds=2),
+    full=dict(Ds=(3, 4, 5, 6, 8), d=4, batch_size=4000, seeds=4),
+)
+def attention_selects_group(seed, Ds, d, batch_size, seeds):
+    rows = []
+    for D, child in zip(Ds, seed.spawn(len(Ds))):
+        problem = GroupSparseProblem.standard(d, D)
+        for s in child.spawn(seeds):
+            run = dyn.full_gd_trajectory(problem, 1.0, D**3, batch_size=batch_size, seed=s, n_records=3)
+            rows.append(dict(D=D, T=D**3, attention=float(run.metrics["attention"][-1]), cos=float(run.metrics["cos"][-1]),
+                             loss=float(run.metrics["loss"][-1])))
+    D = np.array([r["D"] for r in rows], float)
+    gap = np.log1p(-np.array([r["attention"] for r in rows]))
+    fit = np.polyfit(D, gap, 1, cov=True) if len(set(Ds)) > 2 else (np.polyfit(D, gap, 1), np.full((2, 2), np.nan))
+    slope, slope_se = float(fit[0][0]), float(math.sqrt(fit[1][0, 0]))
+    power = np.polyfit(np.log(D), gap, 1)
+    residual_exp = float(np.abs(gap - np.polyval(fit[0], D)).max())
+    residual_pow = float(np.abs(gap - np.polyval(power, np.log(D))).max())
+    min_cos = min(r["cos"] for r in rows)
+
+    def figure():
+        fig, ax = plots.figure()
+        ax.plot(D, 1 - np.exp(gap), "o", label=f"full GD at T = D³ ({seeds} seeds each)")
+        xs = np.linspace(D.min(), D.max(), 50)
+        plots.theory_line(ax, xs, np.exp(np.polyval(fit[0], xs)), label=f"exp fit, c = {-slope:.3f}")
+        plots.finish(ax, "Attention on the relevant group", "D", "1 − mean S_{j*, j}", logy=True)
+        return fig
+
+    return Outcome(
+        measured={"c in 1 − S ≈ e^{−cD}": -slope, "standard error of c": slope_se, "min cos(v₁, v*)": min_cos,
+                  "max residual: exp fit / power fit": f"{residual_exp:.3f} / {residual_pow:.3f}"},
+        predicted={"c": "> 0", "cos": "→ 1"},
+        tolerance=f"c > {Z_TOLERANCE:g}·SE(c) (regression standard error) and cos(v₁, v*) > 0.999 in every run",
+        basis=z_basis(what="regression standard errors of the semi-log slope"),
+        passed=bool(-slope > Z_TOLERANCE * slope_se and min_cos > 0.999), details=rows, figure=figure,
+        notes="Over this short range of D a power law 1 − S ∝ D^{-k} fits as well (compare the residuals), so the "
+              "data confirm the decrease, not its exponential form. The attention is data dependent (W₁₁ moves), "
+              "as the theorem's 'w.h.p.' allows; the mean over held-out samples and queries is reported.")
+
+
+@claim(
+    "group_sparse.loss_rate",
+    reference=f"{PAPER}: pre-training theorem, item 3 (spec §3) and the consistency argument of spec §3, §6",
+    statement="In the position-only sub-model β grows like T^{1/3} and L·Dβσ_x → √(2/π)·π²/12, so L ~ 1/(D·β) "
+              "~ T^{-1/3} (spec §6).",
+    quick=dict(D=6, steps=6000, eta=1.0),
+    full=dict(D=6, steps=40_000, eta=1.0),
+)
+def loss_rate(seed, D, steps, eta):
+    problem = GroupSparseProblem.standard(4, D)
+    run = dyn.position_only_trajectory(problem, eta, steps, n_records=60)
+    t, beta, loss = run.times, run.states["beta"], run.metrics["loss"]
+    late = t >= steps / 3
+    fit = fit_power_law(t[late], beta[late])
+    constant_ratio = loss * D * beta * problem.sigma_x / cf.asymptotic_loss_constant()
+    # Pre-asymptotic corrections (s* < 1, finite κ) are what the ratio's distance from 1 measures; at the start
+    # of the fit window it bounds the exponent's bias the same way (L ∝ 1/β ⇒ dβ/dt ∝ 1/β² up to that factor).
+    correction = float(abs(constant_ratio[late][0] - 1))
+    tolerance = max(correction, 2 * fit.standard_error)
+
+    def figure():
+        fig, (ax_l, ax_b) = plots.figure(ncols=2)
+        ax_l.plot(t[1:], loss[1:], label="L(β(t), α(t))")
+        plots.theory_line(ax_l, t[late], loss[late][0] * (t[late] / t[late][0]) ** (-1 / 3), label="∝ T^{-1/3}")
+        plots.finish(ax_l, f"Position-only sub-model, D = {D}", "step", "loss", logx=True, logy=True)
+        ax_b.plot(t[1:], constant_ratio[1:], label="L·Dβσ_x / c")
+        ax_b.axhline(1.0, ls=":", color="gray")
+        plots.finish(ax_b, "Approach to the asymptotic constant", "step", "ratio", logx=True)
+        return fig
+
+    return Outcome(
+        measured={"fitted exponent of β": fit.slope, "L·Dβσ_x/c at the end": float(constant_ratio[-1]),
+                  "s* at the end": float(run.metrics["s_star"][-1])},
+        predicted={"exponent": 1 / 3, "ratio": 1.0},
+        tolerance=f"|exponent − 1/3| <= {tolerance:.3f} and |ratio − 1| at the end below its value at the fit start "
+                  f"({correction:.3f})",
+        basis="deterministic quadrature; the tolerance is the pre-asymptotic correction |L·Dβσ_x/c − 1| at the "
+              f"start of the fit window t ∈ [{steps / 3:g}, {steps}]",
+        passed=bool(abs(fit.slope - 1 / 3) <= tolerance and abs(constant_ratio[-1] - 1) < correction), figure=figure,
+        notes="Under GD with a D-independent step, β³ ≈ 3ηct/(Dσ_x), so L ≈ (c²/3ηt)^{1/3}(Dσ_x)^{-2/3}: the D "
+              "exponent at fixed T is −2/3, not the −1 of the spec's L ~ 1/(D T^{1/3}) (derived here; reported, not "
+              "checked, because α's logarithmic growth keeps the sub-model pre-asymptotic at reachable T).")
