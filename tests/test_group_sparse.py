@@ -113,3 +113,49 @@ def test_quick_claims_pass():
     from validation.claims import run_claim, select
     assert {c.name: run_claim(c, seed=0).status for c in select(["group_sparse"])} == {
         c.name: "PASS" for c in select(["group_sparse"])}
+
+
+def test_downstream_data_have_the_margin_and_the_stated_law():
+    problem = GroupSparseProblem.standard(3, 5)
+    u = np.array([1.0, 2.0, -2.0])
+    X, y = dyn.sample_downstream(problem, u, 0.4, 50_000, np.random.default_rng(2))
+    margin = y * (X[:, :, problem.star] @ (u / 3.0))
+    assert margin.min() >= 0.4 - 1e-12
+    assert_within_standard_errors(y.mean(), y.std(ddof=1) / math.sqrt(y.size), 0.0)
+    others = X[:, :, [0, 2, 3, 4]].ravel()  # the irrelevant groups stay N(0, σ_x²)
+    assert_within_standard_errors(others.mean(), others.std(ddof=1) / math.sqrt(others.size), 0.0)
+    squares = others**2
+    assert_within_standard_errors(squares.mean(), squares.std(ddof=1) / math.sqrt(squares.size), 1.0)
+    with pytest.raises(ValueError, match="u_star must be non-zero"):
+        dyn.sample_downstream(problem, np.zeros(3), 0.4, 10, np.random.default_rng(0))
+
+
+def test_fine_tuning_trains_v_alone_unless_asked_and_learns_the_task():
+    problem = GroupSparseProblem.standard(4, 6)
+    from validation.group_sparse import pretrained_position_only_W
+    W = pretrained_position_only_W(problem, 216)
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal(4)
+    X, y = dyn.sample_downstream(problem, u, 0.3, 256, rng)
+    X_test, y_test = dyn.sample_downstream(problem, u, 0.3, 4000, rng)
+    v, W_tuned = dyn.fine_tune(problem, W, X, y)
+    assert np.array_equal(W_tuned, W)
+    assert dyn.transformer_error(X_test, y_test, v, W_tuned) < 0.05
+    assert not np.array_equal(dyn.fine_tune(problem, W, X, y, eta=0.1, train_W=True)[1], W)
+    assert dyn.linear_error(X_test, y_test, dyn.logistic_regression(X, y)) < 0.05
+
+
+def test_exponent_difference_interval_covers_the_true_difference():
+    from validation.stats import fit_exponent_difference
+    x = np.array([4.0, 8.0, 16.0, 32.0])
+    rng = np.random.default_rng(0)
+    covered = 0
+    for trial in range(40):
+        noise = rng.lognormal(0, 0.3, (4, 12))
+        a = x[:, None] ** 1.0 * noise * rng.lognormal(0, 0.2, (4, 12))
+        b = x[:, None] ** 0.3 * noise  # correlated with a through the shared noise: the paired design
+        fit = fit_exponent_difference(x, a, b, seed=trial)
+        covered += fit.contains(0.7)
+    assert covered >= 34  # nominal 0.95 over 40 trials: P(Binomial(40, 0.95) < 34) = 0.0034
+    with pytest.raises(ValueError, match="same shape"):
+        fit_exponent_difference(x, np.ones((4, 3)), np.ones((4, 4)))
