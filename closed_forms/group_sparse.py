@@ -25,7 +25,7 @@ from numba import njit
 from . import validation as check
 
 __all__ = ["GroupSparseProblem", "first_step_v", "attention_weights", "position_only_terms",
-           "position_only_step", "pack_position_only_params", "asymptotic_loss_constant", "symmetric_coordinates"]
+           "position_only_step", "position_only_flow_rhs", "pack_position_only_params", "asymptotic_loss_constant", "symmetric_coordinates"]
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,17 @@ def position_only_step(k, x, params):
     out = np.empty(2)
     out[0] = x[0] - params[2] * d_beta
     out[1] = x[1] - params[2] / (D - 1) * d_alpha
+    return out
+
+
+@njit(cache=True)
+def position_only_flow_rhs(t, x, params):
+    """Gradient-flow limit of :func:`position_only_step` in τ = ηt: dβ/dτ = −∂L/∂β, dα/dτ = −∂L/∂α/(D − 1)."""
+    D = int(params[0])
+    _, d_beta, d_alpha = _position_only_kernel(x[0], x[1], D, params[1], int(params[3]))
+    out = np.empty(2)
+    out[0] = -d_beta
+    out[1] = -d_alpha / (D - 1)
     return out
 
 

@@ -250,3 +250,61 @@ def downstream_sample_complexity(seed, d, Ds, n, gamma, seeds, n_test):
         notes="Pre-training is the position-only (β, α) map run for T* = D³ steps (the full model at D = 16 would take "
               "minutes); fine-tuning trains v alone by online SGD (η = 1, one pass), see dynamics.group_sparse."
               "fine_tune. Logistic regression is fitted to convergence (ridge 1e-4), a stronger baseline than one SGD pass.")
+
+
+def _time_to_loss(problem: GroupSparseProblem, epsilons, horizon: float = 1e7) -> np.ndarray:
+    """τ at which the sub-model's gradient flow reaches each loss ε (log-log interpolation on a dense log grid)."""
+    run = dyn.position_only_flow(problem, np.geomspace(1.0, horizon, 200))
+    loss = run.metrics["loss"]
+    if loss[-1] > min(epsilons):
+        raise RuntimeError(f"the flow did not reach loss {min(epsilons):g} by τ = {horizon:g} (D = {problem.D})")
+    return np.exp(np.interp(np.log(epsilons), np.log(loss[::-1]), np.log(run.times[::-1])))
+
+
+@claim(
+    "group_sparse.time_to_loss_submodel",
+    reference=f"{PAPER}: pre-training theorem (spec §3), T* = Θ(max(D³, 1/(D³ε³))), checked in the position-only "
+              "sub-model of spec §6",
+    statement="In the position-only sub-model (gradient flow, τ = η·steps) the time to reach loss ε scales like "
+              "ε^{-3} and, as the theorem's small-ε branch 1/(D³ε³) states, like D^{-3}.",
+    quick=dict(Ds=(4, 6, 8), epsilons=(0.005, 0.0025, 0.00125)),
+    full=dict(Ds=(4, 6, 8, 12, 16), epsilons=(0.005, 0.0025, 0.00125, 0.000625)),
+)
+def time_to_loss_submodel(seed, Ds, epsilons):
+    times = np.array([_time_to_loss(GroupSparseProblem.standard(4, D), epsilons) for D in Ds])  # (n_D, n_eps)
+    log_eps, log_D = np.log(epsilons), np.log(np.array(Ds, float))
+    eps_local = np.diff(np.log(times[0])) / np.diff(log_eps)  # at the smallest D, where the flow is most asymptotic
+    D_local = np.diff(np.log(times[:, -1])) / np.diff(log_D)  # at the smallest ε
+    # The local exponents drift towards their limits; the last step's drift bounds how far the last one can be.
+    eps_tolerance = float(abs(eps_local[-1] - eps_local[-2]))
+    D_tolerance = float(abs(D_local[0] - D_local[1])) if len(D_local) > 1 else 0.1
+    eps_ok = abs(eps_local[-1] + 3) <= max(eps_tolerance, 0.02)
+    D_ok = abs(D_local[0] + 3) <= max(D_tolerance, 0.02)
+    rows = [dict(D=D, **{f"T(eps={e:g})": t for e, t in zip(epsilons, row)}) for D, row in zip(Ds, times)]
+
+    def figure():
+        fig, (ax_e, ax_d) = plots.figure(ncols=2)
+        for D, row in zip(Ds, times):
+            ax_e.plot(epsilons, row, "o-", label=f"D = {D}")
+        plots.theory_line(ax_e, np.array(epsilons), times[0, -1] * (np.array(epsilons) / epsilons[-1]) ** -3, label="∝ ε^{-3}")
+        plots.finish(ax_e, "Time to reach loss ε", "ε", "τ = η·steps", logx=True, logy=True)
+        ax_d.plot(Ds, times[:, -1], "o-", label=f"ε = {epsilons[-1]:g}")
+        Dx = np.array(Ds, float)
+        plots.theory_line(ax_d, Dx, times[0, -1] * (Dx / Dx[0]) ** -3.0, label="∝ D^{-3} (theorem)")
+        ax_d.plot(Dx, times[0, -1] * (Dx / Dx[0]) ** -2.0, "k:", label="∝ D^{-2} (derived, sub-model)")
+        plots.finish(ax_d, "D-dependence at the smallest ε", "D", "τ", logx=True, logy=True)
+        return fig
+
+    return Outcome(
+        measured={"ε exponent (smallest ε, D = %d)" % Ds[0]: float(eps_local[-1]),
+                  "D exponent (smallest D pair, ε = %g)" % epsilons[-1]: float(D_local[0])},
+        predicted={"ε exponent": -3.0, "D exponent (theorem)": -3.0, "D exponent (derived for the sub-model)": -2.0},
+        tolerance=f"|exponent − (−3)| within the drift of the local exponent over the last step "
+                  f"(ε: {max(eps_tolerance, 0.02):.3f}, D: {max(D_tolerance, 0.02):.3f})",
+        basis="deterministic (adaptive Dormand–Prince on the quadrature, rtol 1e-8; agrees with the GD map to 5e-4)",
+        passed=bool(eps_ok and D_ok), details=rows, figure=figure,
+        notes=f"ε exponent {'agrees' if eps_ok else 'disagrees'}; D exponent {D_local[0]:.2f} "
+              f"{'agrees with' if D_ok else 'misses'} −3. With a D-independent step the sub-model gives β³ ≈ 3ηct/(Dσ_x) "
+              "and L ≈ c/(Dσ_xβ), hence T_ε ∝ ε^{-3}D^{-2}: the −2 matches the measurement. This is the position-only "
+              "sub-model (W₁₁ = 0); the full model was not run to these times (τ ~ 10⁶). The theorem's D³ may come from "
+              "a normalisation or step-size scaling the spec does not record.")
