@@ -91,3 +91,16 @@ def test_group_sparse_golden_constants(num_regression):
         for name, value in zip(("L", "dbeta", "dalpha"), group_sparse.position_only_terms(problem, beta, alpha)):
             constants[f"{name}_{beta:g}_{alpha:g}"] = value
     num_regression.check({k: np.array([v]) for k, v in constants.items()}, default_tolerance=dict(rtol=1e-9, atol=1e-12))
+
+
+@pytest.mark.parametrize("name, args", [("N5_T8_Q2", (5, 8, 2)), ("N20_T64_Q4", (20, 64, 4))])
+def test_scb_golden_constants(name, args, num_regression):
+    """SCB: K_P, K_Q, R*, R₀, the predicted Stage-1 duration and slow-mode rate for fixed seeded instances."""
+    from closed_forms import scb
+
+    problem = scb.SCBProblem.random(*args, seed=0)
+    duration = scb.stage1_duration(problem, 0.25, 0.1)
+    constants = dict(K_P=problem.K_P, K_Q=problem.K_Q, kappa=problem.kappa, R_star=problem.bayes_risk,
+                     R_0=problem.initial_risk, tau1=duration["tau"], t1_steps=duration["steps"],
+                     slow_rate=scb.slow_mode_rate(problem))
+    num_regression.check({k: np.array([v]) for k, v in constants.items()}, default_tolerance=dict(rtol=1e-10, atol=1e-14))

@@ -23,7 +23,7 @@ __all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "ru
 
 # System key -> module holding its claims. Keys are accepted with '_' or '-'.
 SYSTEMS = {"gd_beta": "validation.gd_beta", "one_nn": "validation.one_nn", "random_walk": "validation.random_walk",
-           "group_sparse": "validation.group_sparse"}
+           "group_sparse": "validation.group_sparse", "scb": "validation.scb"}
 # Modules with observables that belong to no system (diagnostics of the sweep machinery itself).
 _EXTRA_MODULES = ("validation.sweep",)
 

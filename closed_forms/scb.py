@@ -1,0 +1,400 @@
+"""Sparse Contextual Bigrams learned by a one-layer linear transformer: the population mathematics.
+
+Paper: Y. Ren, Z. Wang, J. D. Lee, *Learning and Transferring Sparse Contextual Bigrams with Linear Transformers*,
+NeurIPS 2024 (arXiv:2410.23438). "spec §k" refers to ``shared/theory/scb.md``, which reconstructs the paper (its
+inline mathematics was lost) and derives every closed form used here ([D] in the spec).
+
+Data (spec §2, eq. 1): x₁…x_T, x_{T+1} i.i.d. ~ μ, the stationary law of the column-stochastic P (Pμ = μ); given
+x_{T+1} = k the label o is one Markov step Pe_{x_s} from a position s ~ q*⁽ᵏ⁾. Model (eq. 2): f = VXq⁽ᵏ⁾, loss
+½‖e_o − f‖². Notation: D = diag(μ), ‖A‖²_μ = tr(AᵀAD), K_P = ‖P‖²_μ − ‖μ‖², κ = ‖Q*‖²_μ, K_Q = κ − 1/T.
+
+The attention *matrix* is ``Q`` (T × N); the integer sparsity is ``sparsity`` (the paper writes Q for both).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from . import validation as check
+
+__all__ = ["SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_statistics", "population_risk",
+           "raw_gradients", "preconditioned_gradients", "reduced_coordinates", "line_point", "line_map_step",
+           "closure_map_step", "reduced_risk", "normalised_flow_rhs", "pack_line_params", "least_squares_V",
+           "stage1_duration", "slow_mode_rate", "population_map_step", "soft_threshold", "proximal_family_step",
+           "STOCHASTIC_TOLERANCE"]
+
+# Column sums and stationarity are checked to this absolute tolerance.
+STOCHASTIC_TOLERANCE = 1e-9
+
+
+def _stationary_law(P: np.ndarray) -> np.ndarray:
+    """The unique μ ∈ Δ^N with Pμ = μ, or ValueError if the eigenvalue 1 is not simple."""
+    N = P.shape[0]
+    singular = np.linalg.svd(P - np.eye(N), compute_uv=False)
+    if N > 1 and singular[-2] < 1e-10:
+        raise ValueError("P must have a unique stationary law (the eigenvalue 1 of P is not simple)")
+    _, _, vt = np.linalg.svd(P - np.eye(N))
+    mu = vt[-1]
+    mu = mu / mu.sum()
+    if np.any(mu < -STOCHASTIC_TOLERANCE):
+        raise ValueError("P must have a non-negative stationary law")
+    return np.clip(mu, 0.0, None) / np.clip(mu, 0.0, None).sum()
+
+
+@dataclass(frozen=True)
+class SCBProblem:
+    """A Sparse Contextual Bigram task (spec §2): column-stochastic P (N × N) with unique stationary law μ, and a
+    ``sparsity``-sparse attention pattern Q* (T × N, columns in the simplex)."""
+
+    P: np.ndarray
+    Q_star: np.ndarray
+    sparsity: int
+
+    def __post_init__(self):
+        P = check.finite_array(self.P, "P", ndim=2)
+        if P.shape[0] != P.shape[1]:
+            raise ValueError(f"P must be square, got shape {P.shape}")
+        if np.any(P < 0) or np.abs(P.sum(axis=0) - 1).max() > STOCHASTIC_TOLERANCE:
+            raise ValueError("P must be column-stochastic: non-negative entries, every column summing to 1")
+        N = P.shape[0]
+        Q_star = check.finite_array(self.Q_star, "Q_star", ndim=2)
+        if Q_star.shape[1] != N:
+            raise ValueError(f"Q_star must have N = {N} columns, got shape {Q_star.shape}")
+        sparsity = check.integer(self.sparsity, "sparsity", minimum=1)
+        T = Q_star.shape[0]
+        if T < sparsity:
+            raise ValueError(f"T (the rows of Q_star) must be >= sparsity = {sparsity}, got T = {T}")
+        if np.any(Q_star < 0) or np.abs(Q_star.sum(axis=0) - 1).max() > STOCHASTIC_TOLERANCE:
+            raise ValueError("Q_star columns must lie in the simplex: non-negative, summing to 1")
+        densest = int((Q_star > 0).sum(axis=0).max())
+        if densest > sparsity:
+            raise ValueError(f"Q_star columns must have at most sparsity = {sparsity} nonzeros, found {densest}")
+        object.__setattr__(self, "P", P)
+        object.__setattr__(self, "Q_star", Q_star)
+        object.__setattr__(self, "sparsity", sparsity)
+        mu = _stationary_law(P)
+        mu.setflags(write=False)
+        object.__setattr__(self, "mu", mu)
+
+    @classmethod
+    def random(cls, N: int, T: int, sparsity: int, seed, C: float = 2.0) -> "SCBProblem":
+        """The paper's random instance (spec §11): P with Dirichlet(1) columns, Q* with exactly ``sparsity``
+        nonzeros per column at random positions, each at least 1/(C·sparsity) (Assumption 2.1(b))."""
+        N = check.integer(N, "N", minimum=2)
+        T = check.integer(T, "T", minimum=1)
+        sparsity = check.integer(sparsity, "sparsity", minimum=1)
+        if T < sparsity:
+            raise ValueError(f"T must be >= sparsity = {sparsity}, got {T}")
+        C = check.real(C, "C", minimum=1.0)
+        rng = np.random.default_rng(seed)
+        P = rng.dirichlet(np.ones(N), size=N).T
+        Q_star = np.zeros((T, N))
+        floor = 1.0 / (C * sparsity)
+        for k in range(N):
+            support = rng.choice(T, size=sparsity, replace=False)
+            Q_star[support, k] = floor + (1 - sparsity * floor) * rng.dirichlet(np.ones(sparsity))
+        return cls(P, Q_star, sparsity)
+
+    @property
+    def N(self) -> int:
+        return self.P.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.Q_star.shape[0]
+
+    @property
+    def K_P(self) -> float:
+        """K_P = ‖P‖²_μ − ‖μ‖² = ‖P − μ1ᵀ‖²_μ (spec §1)."""
+        return mu_norm2(self, self.P) - float(self.mu @ self.mu)
+
+    @property
+    def kappa(self) -> float:
+        """κ = ‖Q*‖²_μ."""
+        return mu_norm2(self, self.Q_star)
+
+    @property
+    def K_Q(self) -> float:
+        """K_Q = κ − 1/T = ‖Q* − (1/T)11ᵀ‖²_μ (spec §1)."""
+        return self.kappa - 1.0 / self.T
+
+    @property
+    def epsilon(self) -> float:
+        """ε = 1/(T·K_Q), the Stage-1 drift of the normalised map (spec §8.3)."""
+        return 1.0 / (self.T * self.K_Q)
+
+    @property
+    def bayes_risk(self) -> float:
+        """R* = ½(1 − ‖μ‖² − κK_P) = R(P, Q*) (spec §4)."""
+        return 0.5 * (1.0 - float(self.mu @ self.mu) - self.kappa * self.K_P)
+
+    @property
+    def initial_risk(self) -> float:
+        """R₀ = ½(1 − ‖μ‖²), the risk of predicting μ (V₀ = μ1ᵀ); R₀ − R* = ½κK_P."""
+        return 0.5 * (1.0 - float(self.mu @ self.mu))
+
+    def initial_point(self) -> tuple[np.ndarray, np.ndarray]:
+        """(V₀, Q₀) = (μ1ᵀ, (1/T)11ᵀ) (spec §3)."""
+        return np.outer(self.mu, np.ones(self.N)), np.full((self.T, self.N), 1.0 / self.T)
+
+
+def mu_inner(problem: SCBProblem, A, B) -> float:
+    """<A, B>_μ = tr(AᵀBD) = Σ_k μ_k <Ae_k, Be_k>."""
+    return float(np.einsum("ik,ik,k->", A, B, problem.mu))
+
+
+def mu_norm2(problem: SCBProblem, A) -> float:
+    return mu_inner(problem, A, A)
+
+
+def _check_V(problem, V):
+    return check.finite_array(V, "V", shape=(problem.N, problem.N))
+
+
+def _check_Q(problem, Q):
+    return check.finite_array(Q, "Q", shape=(problem.T, problem.N))
+
+
+def attention_statistics(problem: SCBProblem, Q) -> dict:
+    """a = ‖Q‖²_μ, b = <Q*, Q>_μ, ū = Σμ_k u_k, ū₂ = Σμ_k u_k², u_k = 1ᵀq⁽ᵏ⁾ (spec §4)."""
+    Q = _check_Q(problem, Q)
+    u = Q.sum(axis=0)
+    return dict(a=mu_norm2(problem, Q), b=mu_inner(problem, problem.Q_star, Q), u_bar=float(problem.mu @ u),
+                u2_bar=float(problem.mu @ u**2), u=u)
+
+
+def value_statistics(problem: SCBProblem, V) -> dict:
+    """n_V = ‖V‖²_μ, m_V = ‖Vμ‖², p_V = <V, P>_μ, r_V = <Vμ, μ>, A_V = n_V − m_V, B_V = p_V − r_V (spec §4)."""
+    V = _check_V(problem, V)
+    mu = problem.mu
+    n_V, m_V = mu_norm2(problem, V), float((V @ mu) @ (V @ mu))
+    p_V, r_V = mu_inner(problem, V, problem.P), float((V @ mu) @ mu)
+    return dict(n_V=n_V, m_V=m_V, p_V=p_V, r_V=r_V, A_V=n_V - m_V, B_V=p_V - r_V)
+
+
+def population_risk(problem: SCBProblem, V, Q) -> float:
+    """R(V, Q) = ½ − [b p_V + (ū − b) r_V] + ½[a n_V + (ū₂ − a) m_V], for all V, Q (spec §4)."""
+    s, v = attention_statistics(problem, Q), value_statistics(problem, V)
+    return (0.5 - (s["b"] * v["p_V"] + (s["u_bar"] - s["b"]) * v["r_V"])
+            + 0.5 * (s["a"] * v["n_V"] + (s["u2_bar"] - s["a"]) * v["m_V"]))
+
+
+def raw_gradients(problem: SCBProblem, V, Q) -> tuple[np.ndarray, np.ndarray]:
+    """E∇_V ℓ and E∇_Q ℓ (Lemma B.7, spec §7), valid for all V, Q:
+        E∇_V = V(aD + (ū₂ − a)μμᵀ) − P(bD + (ū − b)μμᵀ),
+        E∇_Q = [A_V Q − B_V Q* + 1_T(m_V u − r_V 1_N)ᵀ] D."""
+    V, Q = _check_V(problem, V), _check_Q(problem, Q)
+    s, v = attention_statistics(problem, Q), value_statistics(problem, V)
+    mu, D = problem.mu, np.diag(problem.mu)
+    grad_V = V @ (s["a"] * D + (s["u2_bar"] - s["a"]) * np.outer(mu, mu)) - problem.P @ (
+        s["b"] * D + (s["u_bar"] - s["b"]) * np.outer(mu, mu))
+    grad_Q = (v["A_V"] * Q - v["B_V"] * problem.Q_star
+              + np.outer(np.ones(problem.T), v["m_V"] * s["u"] - v["r_V"])) * mu[None, :]
+    return grad_V, grad_Q
+
+
+def preconditioned_gradients(problem: SCBProblem, V, Q) -> tuple[np.ndarray, np.ndarray]:
+    """G_V = E∇_V(D⁻¹ − 11ᵀ) = aV(I − μ1ᵀ) − b(P − μ1ᵀ) and G_Q = (I − 11ᵀ/T)E∇_Q D⁻¹
+    = A_V(Q − (1/T)1uᵀ) − B_V(Q* − (1/T)11ᵀ) (Lemma B.8, spec §7; eq. 4), valid for all V, Q."""
+    V, Q = _check_V(problem, V), _check_Q(problem, Q)
+    s, v = attention_statistics(problem, Q), value_statistics(problem, V)
+    N, T, mu = problem.N, problem.T, problem.mu
+    G_V = s["a"] * V @ (np.eye(N) - np.outer(mu, np.ones(N))) - s["b"] * (problem.P - np.outer(mu, np.ones(N)))
+    G_Q = v["A_V"] * (Q - np.outer(np.ones(T), s["u"]) / T) - v["B_V"] * (problem.Q_star - 1.0 / T)
+    return G_V, G_Q
+
+
+# ==================================================================================================
+# Reduced coordinates and maps (spec §8)
+# ==================================================================================================
+
+
+def reduced_coordinates(problem: SCBProblem, V, Q) -> dict:
+    """α_V, α_Q (μ-least-squares projections on the two lines), the residuals ΔV, ΔQ and e_V = ‖ΔV‖²_μ,
+    e_Q = ‖ΔQ‖²_μ (Lemma C.1, spec §8.1)."""
+    V, Q = _check_V(problem, V), _check_Q(problem, Q)
+    V_dir = problem.P - np.outer(problem.mu, np.ones(problem.N))
+    Q_dir = problem.Q_star - 1.0 / problem.T
+    V_off = V - np.outer(problem.mu, np.ones(problem.N))
+    Q_off = Q - 1.0 / problem.T
+    alpha_V = mu_inner(problem, V_off, V_dir) / problem.K_P
+    alpha_Q = mu_inner(problem, Q_off, Q_dir) / problem.K_Q
+    dV, dQ = V_off - alpha_V * V_dir, Q_off - alpha_Q * Q_dir
+    return dict(alpha_V=alpha_V, alpha_Q=alpha_Q, e_V=mu_norm2(problem, dV), e_Q=mu_norm2(problem, dQ),
+                delta_V=dV, delta_Q=dQ)
+
+
+def line_point(problem: SCBProblem, alpha_V: float, alpha_Q: float) -> tuple[np.ndarray, np.ndarray]:
+    """(V, Q) = (μ1ᵀ + α_V(P − μ1ᵀ), (1/T)11ᵀ + α_Q(Q* − (1/T)11ᵀ)): the invariant line of spec §8.3."""
+    V0, Q0 = problem.initial_point()
+    return V0 + alpha_V * (problem.P - V0), Q0 + alpha_Q * (problem.Q_star - Q0)
+
+
+@njit(cache=True)
+def line_map_step(k, x, params):
+    """The 2-D population map on the line (eq. 7, spec §8.3); params = (η_V, η_Q, K_P, K_Q, T):
+        α_V⁺ = α_V + η_V[(1 − α_V)/T + K_Q α_Q(1 − α_Vα_Q)],   α_Q⁺ = α_Q + η_Q K_P α_V(1 − α_Vα_Q)."""
+    eta_V, eta_Q, K_P, K_Q, T = params[0], params[1], params[2], params[3], params[4]
+    a_V, a_Q = x[0], x[1]
+    gap = 1.0 - a_V * a_Q
+    out = np.empty(2)
+    out[0] = a_V + eta_V * ((1.0 - a_V) / T + K_Q * a_Q * gap)
+    out[1] = a_Q + eta_Q * K_P * a_V * gap
+    return out
+
+
+@njit(cache=True)
+def closure_map_step(k, x, params):
+    """The exact 4-scalar population map off the line, λ = 0 (Lemmas C.5–C.6, spec §8.2); x = (α_V, α_Q, e_V, e_Q):
+        a = 1/T + α_Q²K_Q + e_Q, b = 1/T + α_QK_Q, A_V = α_V²K_P + e_V, B_V = α_VK_P,
+        α_V⁺ = α_V − η_V(aα_V − b), α_Q⁺ = α_Q − η_Q(A_Vα_Q − B_V), e_V⁺ = (1 − η_Va)²e_V, e_Q⁺ = (1 − η_QA_V)²e_Q."""
+    eta_V, eta_Q, K_P, K_Q, T = params[0], params[1], params[2], params[3], params[4]
+    a_V, a_Q, e_V, e_Q = x[0], x[1], x[2], x[3]
+    a = 1.0 / T + a_Q * a_Q * K_Q + e_Q
+    b = 1.0 / T + a_Q * K_Q
+    A_V = a_V * a_V * K_P + e_V
+    B_V = a_V * K_P
+    out = np.empty(4)
+    out[0] = a_V - eta_V * (a * a_V - b)
+    out[1] = a_Q - eta_Q * (A_V * a_Q - B_V)
+    out[2] = (1.0 - eta_V * a) ** 2 * e_V
+    out[3] = (1.0 - eta_Q * A_V) ** 2 * e_Q
+    return out
+
+
+@njit(cache=True)
+def normalised_flow_rhs(t, x, params):
+    """Gradient-flow limit in τ = ηt with η_V = η/K_Q, η_Q = η/K_P (spec §8.3); params[0] = ε = 1/(TK_Q):
+        dα_V/dτ = α_Q(1 − α_Vα_Q) + ε(1 − α_V),   dα_Q/dτ = α_V(1 − α_Vα_Q)."""
+    eps = params[0]
+    gap = 1.0 - x[0] * x[1]
+    out = np.empty(2)
+    out[0] = x[1] * gap + eps * (1.0 - x[0])
+    out[1] = x[0] * gap
+    return out
+
+
+def pack_line_params(problem: SCBProblem, eta_V: float, eta_Q: float) -> np.ndarray:
+    eta_V = check.real(eta_V, "eta_V", minimum=0.0, strict=True)
+    eta_Q = check.real(eta_Q, "eta_Q", minimum=0.0, strict=True)
+    return np.array([eta_V, eta_Q, problem.K_P, problem.K_Q, problem.T], dtype=float)
+
+
+def reduced_risk(problem: SCBProblem, alpha_V: float, alpha_Q: float, e_V: float = 0.0, e_Q: float = 0.0) -> float:
+    """R = R* + (K_P/2)[(1 − α_V)²/T + K_Q(1 − α_Vα_Q)²] + ½(a e_V + α_V²K_P e_Q) on 𝒱 × 𝒬 (spec §8.2)."""
+    K_P, K_Q, T = problem.K_P, problem.K_Q, problem.T
+    a = 1.0 / T + alpha_Q**2 * K_Q + e_Q
+    return (problem.bayes_risk + 0.5 * K_P * ((1 - alpha_V) ** 2 / T + K_Q * (1 - alpha_V * alpha_Q) ** 2)
+            + 0.5 * (a * e_V + alpha_V**2 * K_P * e_Q))
+
+
+def least_squares_V(problem: SCBProblem, Q) -> np.ndarray:
+    """V_LS(Q) = μ1ᵀ + (b/a)(P − μ1ᵀ): the population-optimal V for a fixed Q with 1ᵀQ = 1ᵀ (spec §8.6)."""
+    Q = _check_Q(problem, Q)
+    if np.abs(Q.sum(axis=0) - 1).max() > 1e-8:
+        raise ValueError("Q must have columns summing to 1 for the least-squares V of spec §8.6")
+    s = attention_statistics(problem, Q)
+    V0 = np.outer(problem.mu, np.ones(problem.N))
+    return V0 + s["b"] / s["a"] * (problem.P - V0)
+
+
+def stage1_duration(problem: SCBProblem, eta: float, c: float = 0.1) -> dict:
+    """Predicted Stage-1 duration (spec §8.4): τ₁ = log(2c/ε) in normalised time and
+    t₁ ≈ log(1 + 2cTK_Q)/log(1 + η) steps of the normalised map."""
+    eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    c = check.real(c, "c", minimum=0.0, strict=True)
+    return dict(tau=math.log(2 * c / problem.epsilon), steps=math.log1p(2 * c * problem.T * problem.K_Q) / math.log1p(eta))
+
+
+def slow_mode_rate(problem: SCBProblem) -> float:
+    """The slow eigenvalue at (1, 1) of the normalised flow, (−(2 + ε) + √(4 + ε²))/2 ≈ −ε/2 (spec §8.4)."""
+    eps = problem.epsilon
+    return (-(2 + eps) + math.sqrt(4 + eps * eps)) / 2
+
+
+# ==================================================================================================
+# The full-matrix population (proximal) map and the proximal 4-scalar family (spec §5, §7, §8.5)
+# ==================================================================================================
+
+
+@njit(cache=True)
+def soft_threshold(x, theta):
+    """S_θ(x) = sign(x)·max(|x| − θ, 0), elementwise."""
+    out = np.empty_like(x)
+    for i in range(x.size):
+        v = x.flat[i]
+        out.flat[i] = v - theta if v > theta else (v + theta if v < -theta else 0.0)
+    return out
+
+
+@njit(cache=True)
+def _population_map_kernel(V, Q, P, Q_star, mu, eta_V, eta_Q, lam):
+    N, T = V.shape[0], Q.shape[0]
+    a = 0.0
+    b = 0.0
+    for k in range(N):
+        for t in range(T):
+            a += mu[k] * Q[t, k] * Q[t, k]
+            b += mu[k] * Q_star[t, k] * Q[t, k]
+    Vmu = V @ mu
+    n_V = 0.0
+    p_V = 0.0
+    for k in range(N):
+        for i in range(N):
+            n_V += mu[k] * V[i, k] * V[i, k]
+            p_V += mu[k] * V[i, k] * P[i, k]
+    A_V = n_V - Vmu @ Vmu
+    B_V = p_V - Vmu @ mu
+    V_new = np.empty_like(V)
+    for i in range(N):
+        for j in range(N):
+            V_new[i, j] = V[i, j] - eta_V * (a * (V[i, j] - Vmu[i]) - b * (P[i, j] - mu[i]))
+    u = Q.sum(axis=0)
+    tilde = np.empty_like(Q)
+    for t in range(T):
+        for k in range(N):
+            tilde[t, k] = Q[t, k] - eta_Q * (A_V * (Q[t, k] - u[k] / T) - B_V * (Q_star[t, k] - 1.0 / T))
+    Q_new = soft_threshold(tilde, eta_Q * lam)
+    for k in range(N):
+        shift = (1.0 - Q_new[:, k].sum()) / T
+        for t in range(T):
+            Q_new[t, k] += shift
+    return V_new, Q_new
+
+
+def population_map_step(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, lam: float = 0.0):
+    """One step of the population (proximal) map in full matrix form (spec §7):
+    V⁺ = V − η_V G_V,  Q⁺ = Π_aff(S_{η_Qλ}(Q − η_Q G_Q))."""
+    V, Q = _check_V(problem, V), _check_Q(problem, Q)
+    eta_V = check.real(eta_V, "eta_V", minimum=0.0, strict=True)
+    eta_Q = check.real(eta_Q, "eta_Q", minimum=0.0, strict=True)
+    lam = check.real(lam, "lam", minimum=0.0)
+    return _population_map_kernel(V.copy(), Q.copy(), problem.P, problem.Q_star, problem.mu, eta_V, eta_Q, lam)
+
+
+def proximal_family_step(problem: SCBProblem, state, eta_V: float, eta_Q: float, lam: float) -> np.ndarray:
+    """One population proximal step on the closed family q⁽ᵏ⁾ = ξq*⁽ᵏ⁾ + b₀1 + b_S1_{S_k}, V on its line
+    (spec §8.5); state = (α_V, ξ, b₀, b_S). Needs every column of Q* to have exactly ``sparsity`` nonzeros and
+    every support entry to stay above the threshold (checked)."""
+    if np.any((problem.Q_star > 0).sum(axis=0) != problem.sparsity):
+        raise ValueError("the proximal family needs exactly `sparsity` nonzeros in every column of Q_star")
+    alpha_V, xi, b0, bS = (float(v) for v in state)
+    T, Qs, kappa, K_P = problem.T, problem.sparsity, problem.kappa, problem.K_P
+    a = xi**2 * kappa + T * b0**2 + Qs * bS**2 + 2 * xi * (b0 + bS) + 2 * Qs * b0 * bS
+    b = xi * kappa + b0 + bS
+    A_V, B_V = alpha_V**2 * K_P, alpha_V * K_P
+    theta = eta_Q * lam
+    alpha_V_new = alpha_V - eta_V * (a * alpha_V - b)
+    xi_t = (1 - eta_Q * A_V) * xi + eta_Q * B_V
+    b0_t = (1 - eta_Q * A_V) * b0 + eta_Q * (A_V - B_V) / T
+    bS_t = (1 - eta_Q * A_V) * bS
+    q_min = problem.Q_star[problem.Q_star > 0].min()
+    if xi_t * q_min + b0_t + bS_t <= theta:
+        raise ValueError("a support entry fell below the threshold: the proximal family is not closed here")
+    b0_hat = math.copysign(max(abs(b0_t) - theta, 0.0), b0_t)
+    bS_hat = b0_t + bS_t - theta - b0_hat
+    b0_new = b0_hat + (1 - xi_t - T * b0_hat - Qs * bS_hat) / T
+    return np.array([alpha_V_new, xi_t, b0_new, bS_hat])

@@ -1,0 +1,148 @@
+"""Sparse Contextual Bigram: validation, closed forms against brute-force Monte Carlo, minibatch invariants."""
+import math
+
+import numpy as np
+import pytest
+
+from closed_forms import scb as cf
+from closed_forms.scb import SCBProblem
+from dynamics import scb as dyn
+from dynamics.integrate import DivergenceError
+from tests.conftest import assert_within_standard_errors
+
+EXAMPLE = SCBProblem.random(5, 8, 2, seed=0)
+
+
+def _bad_inputs():
+    P, Q = EXAMPLE.P.copy(), EXAMPLE.Q_star.copy()
+    not_stochastic = P.copy()
+    not_stochastic[0, 0] += 0.1
+    reducible = np.eye(3)  # every distribution is stationary
+    dense = np.full((8, 5), 1 / 8)
+    negative = Q.copy()
+    negative[:, 0] = 0.0
+    negative[0, 0], negative[1, 0] = 1.5, -0.5
+    return [
+        ((not_stochastic, Q, 2), "P must be column-stochastic"),
+        ((reducible, np.full((4, 3), 0.25), 4), "unique stationary law"),
+        ((P, dense, 2), "at most sparsity = 2 nonzeros"),
+        ((P, negative, 2), "Q_star columns must lie in the simplex"),
+        ((P, Q[:1], 2), "T \\(the rows of Q_star\\) must be >= sparsity"),
+        ((P, Q, 0), "sparsity must be >= 1"),
+        ((P[:, :4], Q, 2), "P must be square"),
+        ((np.where(P > 0, np.nan, 0), Q, 2), "P must be finite"),
+    ]
+
+
+@pytest.mark.parametrize("args, message", _bad_inputs())
+def test_problem_refuses_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        SCBProblem(*args)
+
+
+def test_bad_steps_and_batches_are_refused():
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        dyn.StageSettings(10, 0, 0.25)
+    with pytest.raises(ValueError, match="eta must be > 0"):
+        dyn.StageSettings(10, 100, 0.0)
+    with pytest.raises(ValueError, match="V must have shape"):
+        cf.population_risk(EXAMPLE, np.eye(4), EXAMPLE.Q_star)
+
+
+def test_random_instance_satisfies_assumption_2_1():
+    p = SCBProblem.random(7, 20, 3, seed=4, C=2.0)
+    assert np.allclose(p.P @ p.mu, p.mu) and p.mu.min() > 0
+    nonzero = p.Q_star[p.Q_star > 0]
+    assert nonzero.min() >= 1 / (2 * 3) - 1e-15 and np.all((p.Q_star > 0).sum(axis=0) == 3)
+    assert p.K_P >= 0 and p.K_Q > 0
+
+
+def test_risk_and_gradients_match_monte_carlo_at_a_generic_point():
+    rng = np.random.default_rng(3)
+    V, Q = rng.normal(size=(5, 5)), rng.normal(size=(8, 5))
+    from validation.scb import standardised_error
+    draws = [dyn.minibatch_gradients(EXAMPLE, V, Q, 4000, s) for s in range(50)]
+    grad_V, grad_Q = cf.raw_gradients(EXAMPLE, V, Q)
+    G_V, G_Q = cf.preconditioned_gradients(EXAMPLE, V, Q)
+    for name, exact in (("loss", cf.population_risk(EXAMPLE, V, Q)), ("grad_V", grad_V), ("grad_Q", grad_Q),
+                        ("G_V", G_V), ("G_Q", G_Q)):
+        values = np.array([d[name] for d in draws])
+        # whole-matrix 4-SE test: ‖mean − exact‖²/ΣSE² < 16 (weighted χ² tail bound, validation/scb.py)
+        assert standardised_error(values.mean(axis=0), values.std(axis=0, ddof=1) / math.sqrt(50), exact) < 16
+    # and a biased closed form is caught: shift G_V by a tenth of its scale
+    values = np.array([d["G_V"] for d in draws])
+    assert standardised_error(values.mean(axis=0), values.std(axis=0, ddof=1) / math.sqrt(50),
+                              G_V + 0.1 * np.abs(G_V).mean()) > 16
+
+
+def test_bayes_risk_is_the_monte_carlo_risk_at_the_ground_truth():
+    losses = np.array([dyn.minibatch_gradients(EXAMPLE, EXAMPLE.P, EXAMPLE.Q_star, 20_000, s)["loss"] for s in range(10)])
+    assert_within_standard_errors(losses.mean(), losses.std(ddof=1) / math.sqrt(10), EXAMPLE.bayes_risk)
+    assert EXAMPLE.initial_risk - EXAMPLE.bayes_risk == pytest.approx(0.5 * EXAMPLE.kappa * EXAMPLE.K_P)
+    V0, Q0 = EXAMPLE.initial_point()
+    assert cf.population_risk(EXAMPLE, V0, Q0) == pytest.approx(EXAMPLE.initial_risk, abs=1e-14)
+
+
+def test_preconditioned_gradients_are_the_preconditioned_raw_gradients():
+    rng = np.random.default_rng(5)
+    V, Q = rng.normal(size=(5, 5)), rng.normal(size=(8, 5))
+    grad_V, grad_Q = cf.raw_gradients(EXAMPLE, V, Q)
+    G_V, G_Q = cf.preconditioned_gradients(EXAMPLE, V, Q)
+    D_inv = np.diag(1 / EXAMPLE.mu)
+    np.testing.assert_allclose(G_V, grad_V @ (D_inv - np.ones((5, 5))), atol=1e-13)
+    np.testing.assert_allclose(G_Q, (np.eye(8) - np.ones((8, 8)) / 8) @ grad_Q @ D_inv, atol=1e-13)
+
+
+def test_raw_gradient_is_the_gradient_of_the_risk():
+    rng = np.random.default_rng(6)
+    V, Q = rng.normal(size=(5, 5)), rng.normal(size=(8, 5))
+    grad_V, grad_Q = cf.raw_gradients(EXAMPLE, V, Q)
+    h = 1e-6
+    for (i, j) in ((0, 0), (3, 1)):
+        E = np.zeros((5, 5))
+        E[i, j] = h
+        fd = (cf.population_risk(EXAMPLE, V + E, Q) - cf.population_risk(EXAMPLE, V - E, Q)) / (2 * h)
+        assert grad_V[i, j] == pytest.approx(fd, rel=1e-6)
+    for (t, k) in ((0, 0), (7, 4)):
+        E = np.zeros((8, 5))
+        E[t, k] = h
+        fd = (cf.population_risk(EXAMPLE, V, Q + E) - cf.population_risk(EXAMPLE, V, Q - E)) / (2 * h)
+        assert grad_Q[t, k] == pytest.approx(fd, rel=1e-6)
+
+
+def test_closure_map_reduces_to_the_line_map_on_the_line():
+    x = np.array([0.3, 0.2, 0.0, 0.0])
+    params = cf.pack_line_params(EXAMPLE, 0.25 / EXAMPLE.K_Q, 0.25 / EXAMPLE.K_P)
+    for k in range(20):
+        line = cf.line_map_step(k, x[:2], params)
+        x = cf.closure_map_step(k, x, params)
+        np.testing.assert_allclose(x[:2], line, rtol=1e-14)
+        assert x[2] == 0 and x[3] == 0
+
+
+def test_minibatch_algorithm_keeps_the_invariants_and_is_reproducible():
+    stages = (dyn.StageSettings(10, 2000, 0.25), dyn.StageSettings(20, 1000, 0.25, lam=0.01),
+              dyn.StageSettings(10, 1000, 0.25))
+    a = dyn.run_algorithm1(EXAMPLE, *stages, seed=3)
+    b = dyn.run_algorithm1(EXAMPLE, *stages, seed=3)
+    assert np.array_equal(a.V, b.V) and np.array_equal(a.Q, b.Q)
+    for name in ("colsum_V", "stationarity_V", "colsum_Q"):
+        assert a.series(name).max() < 1e-12
+    assert a.samples == 10 * 2000 + 20 * 1000 + 10 * 1000
+
+
+def test_divergence_names_the_step():
+    with pytest.raises(DivergenceError, match="diverged at step"):
+        dyn.run_sgd(EXAMPLE, dyn.StageSettings(50, 100, 1e6), seed=0)
+
+
+def test_least_squares_V_minimises_the_risk_over_V():
+    _, Q = cf.line_point(EXAMPLE, 0.0, 0.7)
+    V_ls = cf.least_squares_V(EXAMPLE, Q)
+    grad_V, _ = cf.raw_gradients(EXAMPLE, V_ls, Q)
+    assert np.abs(grad_V).max() < 1e-14
+
+
+def test_quick_claims_pass():
+    from validation.claims import run_claim, select
+    assert {c.name: run_claim(c, seed=0).status for c in select(["scb"])} == {c.name: "PASS" for c in select(["scb"])}
