@@ -21,7 +21,7 @@ from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solv
 from .montecarlo import SeedLike, seed_sequence
 
 __all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "AlgorithmRun", "run_algorithm1",
-           "run_sgd", "kernel_seed"]
+           "run_sgd", "run_stage1", "run_stages_2_3", "kernel_seed", "relative_errors"]
 
 
 def kernel_seed(seed: SeedLike) -> int:
@@ -358,9 +358,40 @@ def run_algorithm1(problem: SCBProblem, stage1: StageSettings, stage2: StageSett
                         samples=samples)
 
 
-def run_sgd(problem: SCBProblem, stage: StageSettings, seed, *, record_every: int = 5) -> AlgorithmRun:
-    """The baseline of spec §13 #14: the same preconditioned projected update with λ = 0, no rounding."""
-    V, Q = (np.ascontiguousarray(m) for m in problem.initial_point())
+def run_sgd(problem: SCBProblem, stage: StageSettings, seed, *, start=None, offset: int = 0,
+            record_every: int = 5) -> AlgorithmRun:
+    """The baseline of spec §13 #14: the same preconditioned projected update with λ = 0 and no rounding, from
+    (V₀, Q₀) or from ``start`` = (V, Q) (e.g. the state after a shared Stage 1)."""
+    V, Q = (np.array(m, dtype=float, order="C") for m in (start or problem.initial_point()))
     plain = StageSettings(stage.steps, stage.batch, stage.eta, 0.0, True, stage.eta_V)
-    rec, vio = _run_stage(problem, V, Q, plain, seed, 0, record_every)
+    rec, vio = _run_stage(problem, V, Q, plain, seed, offset, record_every)
     return AlgorithmRun(records=rec, V=V, Q=Q, boundaries=[], violations=vio, samples=stage.steps * stage.batch)
+
+
+def run_stages_2_3(problem: SCBProblem, start, stage2: StageSettings, seed, *, alpha_Q: float, C: float = 2.0,
+                   least_squares_V: bool = True, offset: int = 0, record_every: int = 5) -> AlgorithmRun:
+    """Rounding at θ₁ (for the α_Q reached), proximal Stage 2, normalisation at θ₃ = ½α_Q·min q* and
+    V = V_LS(Q) (the paper's experiment variant of Stage 3), from ``start`` = (V, Q) after Stage 1."""
+    V, Q = (np.array(m, dtype=float, order="C") for m in start)
+    theta1 = (1 - alpha_Q) / problem.T + alpha_Q / (2 * C * problem.sparsity)
+    Q[:] = _round_columns(Q, theta1)
+    rec, vio = _run_stage(problem, V, Q, stage2, seed, offset, record_every)
+    Q[:] = _normalise_columns(Q, 0.5 * float(rec[-1, 2]) * problem.Q_star[problem.Q_star > 0].min())
+    if least_squares_V:
+        V[:] = cf.least_squares_V(problem, Q)
+    return AlgorithmRun(records=rec, V=V, Q=Q, boundaries=[offset + stage2.steps], violations=vio,
+                        samples=stage2.steps * stage2.batch)
+
+
+def run_stage1(problem: SCBProblem, stage1: StageSettings, seed, *, record_every: int = 5) -> AlgorithmRun:
+    """Stage 1 alone (λ = 0) from (V₀, Q₀)."""
+    V, Q = (np.ascontiguousarray(m) for m in problem.initial_point())
+    rec, vio = _run_stage(problem, V, Q, stage1, seed, 0, record_every)
+    return AlgorithmRun(records=rec, V=V, Q=Q, boundaries=[stage1.steps], violations=vio,
+                        samples=stage1.steps * stage1.batch)
+
+
+def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
+    """(‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q): the distances of spec §13 #16."""
+    return (math.sqrt(cf.mu_norm2(problem, np.asarray(V) - problem.P) / problem.K_P),
+            math.sqrt(cf.mu_norm2(problem, np.asarray(Q) - problem.Q_star) / problem.K_Q))

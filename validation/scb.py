@@ -332,3 +332,56 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
         passed=error_V < 0.05 and error_Q < 0.05 and invariants < ROUND_OFF, figure=figure,
         notes="The paper says entries below −η_Qλ never occur in the soft threshold; the count above says how often "
               "they did on minibatches (spec §13 #4).")
+
+
+@claim(
+    "scb.proximal_beats_sgd",
+    reference=f"{PAPER}: Figure 1 (spec §10): at a small batch the proximal algorithm converges where SGD stalls",
+    statement="After a shared Stage 1, proximal Stage 2 (λ > 0) with rounding, normalisation and V_LS reaches a "
+              "smaller distance to (P, Q*) than vanilla SGD (λ = 0, same batch) at either step size, in every seed.",
+    quick=dict(T=32, stage1=(45, 30_000), steps=300, batch=1000, lam=0.005, sgd_etas=(0.25, 0.05), seeds=2),
+    full=dict(T=128, stage1=(45, 100_000), steps=300, batch=1000, lam=0.005, sgd_etas=(0.25, 0.05), seeds=4),
+)
+def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
+    problem = _example(T=T)
+    rows = []
+    runs = {}
+    for s, child in enumerate(seed.spawn(seeds)):
+        s1, s2, s3 = child.spawn(3)
+        first = dyn.run_stage1(problem, dyn.StageSettings(*stage1, ETA), s1)
+        start = (first.V, first.Q)
+        alpha_Q = float(first.records[-1, 2])
+        prox = dyn.run_stages_2_3(problem, start, dyn.StageSettings(steps, batch, ETA, lam=lam), s2, alpha_Q=alpha_Q,
+                                  offset=stage1[0])
+        row = dict(seed=s, alpha_Q_after_stage1=alpha_Q)
+        row["proximal"] = dyn.relative_errors(problem, prox.V, prox.Q)
+        runs[(s, "proximal")] = prox
+        for eta, grandchild in zip(sgd_etas, s3.spawn(len(sgd_etas))):
+            sgd = dyn.run_sgd(problem, dyn.StageSettings(steps, batch, eta), grandchild, start=start, offset=stage1[0])
+            row[f"sgd η={eta:g}"] = dyn.relative_errors(problem, sgd.V, sgd.Q)
+            runs[(s, f"sgd η={eta:g}")] = sgd
+        rows.append(row)
+    worst_prox = [max(r["proximal"][i] for r in rows) for i in (0, 1)]
+    best_sgd = [min(v[i] for r in rows for k, v in r.items() if k.startswith("sgd")) for i in (0, 1)]
+
+    def figure():
+        fig, ax = plots.figure()
+        for (s, name), run in runs.items():
+            if s == 0:
+                ax.plot(run.series("step"), run.series("dist_Q") / math.sqrt(problem.K_Q), label=f"{name}: ‖Q − Q*‖_μ/√K_Q")
+        final = rows[0]["proximal"][1]
+        ax.plot([stage1[0] + steps], [final], "k*", markersize=12, label="proximal after normalisation")
+        plots.finish(ax, f"Figure-1-like: T = {T}, batch {batch}", "step", "relative distance", logy=True)
+        return fig
+
+    return Outcome(
+        measured={"worst proximal error, V": worst_prox[0], "worst proximal error, Q": worst_prox[1],
+                  "best SGD error, V": best_sgd[0], "best SGD error, Q": best_sgd[1]},
+        predicted={"proximal": "< every SGD run, for V and for Q"},
+        tolerance=f"for V and for Q separately, the largest proximal error over {seeds} seeds below the smallest SGD "
+                  "error over seeds and step sizes",
+        basis=f"{seeds} independent seeds per method; an ordering that holds in every seed, not a mean difference",
+        passed=worst_prox[0] < best_sgd[0] and worst_prox[1] < best_sgd[1], details=[{k: (list(v) if isinstance(v, tuple) else v) for k, v in r.items()}
+                                               for r in rows], figure=figure,
+        notes="Errors are (‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q) at the end. SGD's off-support attention noise grows "
+              "like T/B (spec §9), which is what λ > 0 removes.")
