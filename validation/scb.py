@@ -385,3 +385,129 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
                                                for r in rows], figure=figure,
         notes="Errors are (‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q) at the end. SGD's off-support attention noise grows "
               "like T/B (spec §9), which is what λ > 0 removes.")
+
+
+@claim(
+    "scb.minibatch_tracks_population",
+    reference=f"{PAPER}: the minibatch analysis of Stages 1–2 (Lemmas D.x, E.x; spec §10, C10)",
+    statement="At a fixed horizon the distance between a minibatch run and the population map scales like B^{-1/2} "
+              "in Stage 1 (λ = 0, on the line), and at least that fast in proximal Stage 2 (λ > 0, full matrices), "
+              "where the soft threshold removes sub-threshold noise entirely.",
+    quick=dict(batches=(1000, 4000, 16000), horizon=20, seeds=8, lam=0.01),
+    full=dict(batches=(1000, 4000, 16000, 64000), horizon=40, seeds=24, lam=0.01),
+)
+def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
+    from .stats import fit_exponent
+
+    problem = _example()
+    eta_V, eta_Q = ETA / problem.K_Q, ETA / problem.K_P
+    line = dyn.line_trajectory(problem, eta_V, eta_Q, horizon)
+    # Stage 2 starts from the rounded population point at α_Q = 0.5 (spec §8.5's entry), V on its line.
+    V0, Q0 = cf.line_point(problem, 0.5, 0.5)
+    support = problem.Q_star > 0
+    Q0 = np.where(support, Q0, 0.0)
+    Q0 = Q0 + (1 - Q0.sum(axis=0)) / problem.T
+    V_pop, Q_pop = V0, Q0
+    for _ in range(horizon):
+        V_pop, Q_pop = cf.population_map_step(problem, V_pop, Q_pop, eta_V, eta_Q, lam)
+    stage1 = np.zeros((len(batches), seeds))
+    stage2 = np.zeros((len(batches), seeds))
+    for i, (batch, child) in enumerate(zip(batches, seed.spawn(len(batches)))):
+        for s, grandchild in enumerate(child.spawn(seeds)):
+            first, second = grandchild.spawn(2)
+            run = dyn.run_stage1(problem, dyn.StageSettings(horizon, batch, ETA), first, record_every=1)
+            stage1[i, s] = math.hypot(run.series("alpha_V")[-1] - line[-1, 0], run.series("alpha_Q")[-1] - line[-1, 1])
+            V, Q = (np.array(m, dtype=float) for m in (V0, Q0))
+            rec, _ = dyn._run_stage(problem, V, Q, dyn.StageSettings(horizon, batch, ETA, lam=lam), second, 0, horizon)
+            stage2[i, s] = math.sqrt(cf.mu_norm2(problem, V - V_pop) / problem.K_P
+                                     + cf.mu_norm2(problem, Q - Q_pop) / problem.K_Q)
+    fits = {"Stage 1": fit_exponent(batches, stage1, seed=0), "Stage 2 (λ > 0)": fit_exponent(batches, stage2, seed=0)}
+
+    def figure():
+        fig, ax = plots.figure()
+        for (name, fit), values in zip(fits.items(), (stage1, stage2)):
+            plots.simulation_points(ax, batches, values.mean(axis=1), values.std(axis=1, ddof=1) / math.sqrt(seeds),
+                                    label=f"{name}: exponent {fit.estimate:.2f}")
+        B = np.array(batches, float)
+        plots.theory_line(ax, B, stage1.mean(axis=1)[0] * (B / B[0]) ** -0.5, label="∝ B^{-1/2}")
+        plots.finish(ax, f"Minibatch vs population after {horizon} steps", "batch size B", "deviation",
+                     logx=True, logy=True)
+        return fig
+
+    return Outcome(
+        measured={f"{name} exponent": fit.estimate for name, fit in fits.items()}
+        | {f"{name} 95% interval": f"[{fit.low:.2f}, {fit.high:.2f}]" for name, fit in fits.items()},
+        predicted={"Stage 1 exponent": -0.5, "Stage 2 exponent": "<= −0.5"},
+        tolerance="Stage 1: −1/2 inside the 95% interval; Stage 2: the interval's lower end <= −1/2 (not significantly "
+                  "slower than B^{-1/2})",
+        basis=f"expanded-percentile bootstrap over {seeds} seeds (docs/sweeps.md)",
+        passed=fits["Stage 1"].contains(-0.5) and fits["Stage 2 (λ > 0)"].low <= -0.5, figure=figure,
+        notes="Stage 2 decays faster than B^{-1/2} at large B (spec §12 measured −0.57): the threshold zeroes the "
+              "noise on off-support entries once it falls below η_Qλ.",
+        details=[dict(batch=b, stage1=float(stage1[i].mean()), stage2=float(stage2[i].mean()))
+                 for i, b in enumerate(batches)])
+
+
+def _off_support_spread(problem: SCBProblem, Q) -> float:
+    """Σ_k μ_k Σ_{t ∉ S_k} (q_t⁽ᵏ⁾ − mean_off)²: the μ-weighted spread of the attention entries off the true
+    supports around their column mean (the proximal step makes them all equal, the affine projection's b₀)."""
+    off_support = problem.Q_star == 0
+    total = 0.0
+    for k in range(problem.N):
+        values = Q[off_support[:, k], k]
+        total += problem.mu[k] * float(np.sum((values - values.mean()) ** 2)) if values.size else 0.0
+    return total
+
+
+@claim(
+    "scb.noise_floor_without_threshold",
+    reference=f"{PAPER}: the role of the ℓ₁ step (spec §9, C11)",
+    statement="Started at the ground truth, Stage 2 with λ = 0 at a fixed batch lets the off-support attention entries "
+              "spread by an amount growing like (T − Q)/B (log-log slope 1 in T − Q); the proximal step (λ > 0) "
+              "suppresses the spread.",
+    quick=dict(Ts=(12, 48, 192), batch=1024, steps=40, lam=0.02, seeds=8),
+    full=dict(Ts=(12, 48, 192, 768), batch=1024, steps=100, lam=0.02, seeds=16),
+)
+def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds):
+    from .stats import fit_exponent
+
+    plain = np.zeros((len(Ts), seeds))
+    proximal = np.zeros((len(Ts), seeds))
+    for i, (T, child) in enumerate(zip(Ts, seed.spawn(len(Ts)))):
+        problem = _example(T=T)
+        for s, grandchild in enumerate(child.spawn(seeds)):
+            for out, lam_run, part in ((plain, 0.0, 0), (proximal, lam, 1)):
+                V, Q = (np.array(m, dtype=float) for m in (problem.P, problem.Q_star))
+                dyn._run_stage(problem, V, Q, dyn.StageSettings(steps, batch, ETA, lam=lam_run),
+                               grandchild.spawn(2)[part], 0, steps)
+                out[i, s] = _off_support_spread(problem, Q)
+    off_positions = [T - _example(T=T).sparsity for T in Ts]
+    fit = fit_exponent(off_positions, plain, seed=0)
+    ratio = float((proximal.mean(axis=1) / plain.mean(axis=1)).max())
+    difference = plain - proximal  # paired by seed
+    z = difference.mean(axis=1) / (difference.std(axis=1, ddof=1) / math.sqrt(seeds))
+
+    def figure():
+        fig, ax = plots.figure()
+        for values, label in ((plain, "λ = 0 (vanilla)"), (proximal, f"λ = {lam:g} (proximal)")):
+            plots.simulation_points(ax, Ts, values.mean(axis=1) + 1e-300,
+                                    values.std(axis=1, ddof=1) / math.sqrt(seeds), label=label)
+        T = np.array(Ts, float)
+        plots.theory_line(ax, T, plain.mean(axis=1)[0] * T / T[0], label="∝ T")
+        plots.finish(ax, f"Off-support attention mass after {steps} steps, B = {batch}", "T",
+                     "off-support spread", logx=True, logy=True)
+        return fig
+
+    return Outcome(
+        measured={"exponent in T − Q (λ = 0)": fit.estimate, "95% interval": f"[{fit.low:.2f}, {fit.high:.2f}]",
+                  "max proximal/vanilla ratio": ratio, "min z of the reduction": float(z.min())},
+        predicted={"exponent": 1.0, "proximal spread": "< vanilla spread"},
+        tolerance=f"the 95% interval meets [1 − δ, 1 + δ], δ = 1/T_min = {1 / min(Ts):.3f}; the proximal spread below "
+                  f"the vanilla one by more than {Z_TOLERANCE:g} paired SE at every T",
+        basis=f"expanded-percentile bootstrap over {seeds} seeds; δ allows the O(1/T) corrections of the (T − Q)/B "
+              "heuristic (the column centring alone scales the spread by 1 − 1/T); "
+              + z_basis(what="paired standard errors over seeds"),
+        passed=fit.low <= 1 + 1 / min(Ts) and fit.high >= 1 - 1 / min(Ts) and bool(z.min() > Z_TOLERANCE),
+        figure=figure,
+        details=[dict(T=T, vanilla=float(plain[i].mean()), proximal=float(proximal[i].mean()))
+                 for i, T in enumerate(Ts)])
