@@ -65,7 +65,7 @@ def test_solve_gd_beta_json_and_plot(tmp_path):
         (["solve", "gd-beta", "--param", "N=0"], "N must be >= 1"),
         (["solve", "gd-beta", "--param", "sigma2=abc"], "parameter sigma2 must be a number"),
         (["solve", "gd-beta", "--param", "colour=3"], "unknown gd-beta parameter"),
-        (["solve", "scb"], "unknown system 'scb'"),
+        (["solve", "one-nn"], "unknown system 'one-nn'"),
         (["frobnicate"], "invalid choice"),
     ],
 )

@@ -146,3 +146,33 @@ def test_least_squares_V_minimises_the_risk_over_V():
 def test_quick_claims_pass():
     from validation.claims import run_claim, select
     assert {c.name: run_claim(c, seed=0).status for c in select(["scb"])} == {c.name: "PASS" for c in select(["scb"])}
+
+
+def test_sympy_derivation_equals_the_kernels():
+    import sympy as sp
+
+    from closed_forms import symbolic
+    s = symbolic.scb_line_system()
+    sym = s["symbols"]
+    step = sp.lambdify([sym["alpha_V"], sym["alpha_Q"], sym["K_P"], sym["K_Q"], sym["T"], sym["eta_V"], sym["eta_Q"]],
+                       s["map"])
+    flow = sp.lambdify([sym["alpha_V"], sym["alpha_Q"], sym["epsilon"]], s["flow"])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = rng.uniform(-0.5, 1.5, 2)
+        eta_V, eta_Q = rng.uniform(0.1, 2.0, 2)
+        params = cf.pack_line_params(EXAMPLE, eta_V, eta_Q)
+        np.testing.assert_allclose(step(*x, EXAMPLE.K_P, EXAMPLE.K_Q, EXAMPLE.T, eta_V, eta_Q),
+                                   cf.line_map_step(0, x, params), rtol=1e-13)
+        np.testing.assert_allclose(flow(*x, EXAMPLE.epsilon), cf.normalised_flow_rhs(0.0, x, np.array([EXAMPLE.epsilon])),
+                                   rtol=1e-13, atol=1e-15)
+
+
+def test_cli_solve_scb_and_latex(capsys):
+    from validation.cli import main
+    assert main(["solve", "scb", "--param", "T=16"]) == 0
+    assert "K_Q" in capsys.readouterr().out
+    assert main(["solve", "scb", "--latex"]) == 0
+    assert r"\alpha_V^{+}" in capsys.readouterr().out
+    assert main(["solve", "gd-beta", "--latex"]) == 2
+    assert "no symbolic derivation" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
     attnflow list
     attnflow check [NAMES…] [--full] [--json] [--seed S] [--report DIR]
-    attnflow solve SYSTEM [--param k=v …] [--plot FILE] [--json]
+    attnflow solve SYSTEM [--param k=v …] [--plot FILE] [--json] [--latex]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
 
 Exit codes: 0 every claim passed (or the command succeeded), 1 a claim failed or errored, 2 bad input
@@ -62,6 +62,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="problem parameter (repeatable); see docs/cli.md")
     solve.add_argument("--plot", metavar="FILE", help="write a PNG figure")
     solve.add_argument("--json", action="store_true", help="print JSON")
+    solve.add_argument("--latex", action="store_true", help="print the sympy derivation of the reduced system")
     return parser
 
 
@@ -177,13 +178,18 @@ def parse_params(pairs: list[str]) -> dict:
 
 
 def _solvers():
-    from . import gd_beta
+    from . import gd_beta, scb
 
-    return {"gd_beta": gd_beta.solve}
+    return {"gd_beta": gd_beta.solve, "scb": scb.solve}
 
 
 def _command_solve(args) -> int:
     key = args.system.replace("-", "_")
+    if args.latex:
+        from closed_forms import symbolic
+
+        print(symbolic.latex(key))
+        return 0
     solvers = _solvers()
     if key not in solvers:
         raise ValueError(f"unknown system {args.system!r} for solve (available: {', '.join(sorted(solvers))})")

@@ -511,3 +511,28 @@ def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds):
         figure=figure,
         details=[dict(T=T, vanilla=float(plain[i].mean()), proximal=float(proximal[i].mean()))
                  for i, T in enumerate(Ts)])
+
+
+def solve(params: dict, want_figure: bool = False):
+    """The closed forms of one SCB instance (``SCBProblem.random(N, T, sparsity, seed)``) and its population line."""
+    N, T = int(params.get("N", 5)), int(params.get("T", 8))
+    sparsity, instance_seed = int(params.get("sparsity", 2)), int(params.get("seed", 0))
+    eta, steps = float(params.get("eta", ETA)), int(params.get("steps", 100))
+    if instance_seed < 0 or steps < 1:
+        raise ValueError("seed must be >= 0 and steps >= 1")
+    problem = SCBProblem.random(N, T, sparsity, seed=instance_seed)
+    line = dyn.line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps)
+    duration = cf.stage1_duration(problem, eta, 0.1)
+    summary = {"N": problem.N, "T": problem.T, "sparsity": problem.sparsity, "K_P": problem.K_P, "K_Q": problem.K_Q,
+               "κ = ‖Q*‖²_μ": problem.kappa, "ε = 1/(T K_Q)": problem.epsilon, "R* (Bayes)": problem.bayes_risk,
+               "R₀ (initialisation)": problem.initial_risk, "predicted τ₁ (c = 0.1)": duration["tau"],
+               "predicted Stage-1 steps": duration["steps"], "slow-mode rate at (1, 1)": cf.slow_mode_rate(problem),
+               f"(α_V, α_Q) after {steps} population steps": line[-1],
+               "risk then": cf.reduced_risk(problem, *line[-1])}
+    figure = None
+    if want_figure:
+        figure, ax = plots.figure()
+        ax.plot(line[:, 0], label="α_V")
+        ax.plot(line[:, 1], label="α_Q")
+        plots.finish(ax, f"Population map on the line (η = {eta:g})", "step", "value")
+    return summary, figure
