@@ -62,16 +62,25 @@ def _draw_column(cdf, column):
 @njit(cache=True)
 def _batch_gradients(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, batch, want_raw):
     """Batch means of the loss, the preconditioned gradients (eq. 4) and, if ``want_raw``, the raw ones, from
-    ``batch`` fresh samples (Lemma B.3 per sample; spec §5's per-sample forms)."""
+    ``batch`` fresh samples (Lemma B.3 per sample; spec §5's per-sample forms).
+
+    Per sample: r = e_o − Vy over the tokens present in the context, ∇_V = −r yᵀ (preconditioned:
+    −r(D⁻¹y − (1ᵀy)1)ᵀ) and ∇_{q⁽ᵏ⁾} = −XᵀVᵀr = −w[x_t] with w = Vᵀr. The kernel works on Vᵀ and accumulates
+    ∇_Vᵀ so every inner loop runs over contiguous memory.
+    """
     N, T = V.shape[0], Q.shape[0]
-    G_V = np.zeros((N, N))
+    Vt = np.ascontiguousarray(V.T)
+    G_Vt = np.zeros((N, N))
     G_Q = np.zeros((T, N))
-    raw_V = np.zeros((N, N)) if want_raw else np.zeros((1, 1))
+    raw_Vt = np.zeros((N, N)) if want_raw else np.zeros((1, 1))
     raw_Q = np.zeros((T, N)) if want_raw else np.zeros((1, 1))
     dense_r = np.zeros(N)  # Σ (1ᵀy) r: the rank-one part of the preconditioned V-gradient
     x = np.empty(T, np.int64)
     y = np.zeros(N)
+    seen = np.zeros(N, np.bool_)
+    present = np.empty(N, np.int64)  # the distinct tokens of the context: y is supported on them
     r = np.empty(N)
+    w = np.empty(N)
     loss = 0.0
     for _ in range(batch):
         for t in range(T):
@@ -79,45 +88,63 @@ def _batch_gradients(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, batch, want_raw):
         k = _draw(mu_cdf)
         s = _draw_column(Qs_cdf, k)
         o = _draw_column(P_cdf, x[s])
+        n_present = 0
         for t in range(T):
-            y[x[t]] += Q[t, k]
+            token = x[t]
+            if not seen[token]:
+                seen[token] = True
+                present[n_present] = token
+                n_present += 1
+            y[token] += Q[t, k]
         total = 0.0
-        for j in range(N):
+        r[:] = 0.0
+        for m in range(n_present):
+            j = present[m]
             total += y[j]
-        for i in range(N):
-            acc = 0.0
-            for j in range(N):
-                acc += V[i, j] * y[j]
-            r[i] = -acc
+            yj = y[j]
+            row = Vt[j]
+            for i in range(N):
+                r[i] -= row[i] * yj
         r[o] += 1.0
         for i in range(N):
             loss += 0.5 * r[i] * r[i]
             dense_r[i] += total * r[i]
-        for j in range(N):
-            if y[j] != 0.0:
-                scale = y[j] / mu[j]
+        for m in range(n_present):
+            j = present[m]
+            scale = y[j] / mu[j]
+            row = G_Vt[j]
+            for i in range(N):
+                row[i] -= r[i] * scale
+        if want_raw:
+            for m in range(n_present):
+                j = present[m]
                 for i in range(N):
-                    G_V[i, j] -= r[i] * scale
-                    if want_raw:
-                        raw_V[i, j] -= r[i] * y[j]
-        # Q column k: ∇ = −XᵀVᵀr; preconditioned: −μ_k⁻¹(I − 11ᵀ/T)XᵀVᵀr
+                    raw_Vt[j, i] -= r[i] * y[j]
+        # Q column k: −μ_k⁻¹(I − 11ᵀ/T)XᵀVᵀr, i.e. the centred −w[x_t]
+        for j in range(N):
+            acc = 0.0
+            row = Vt[j]
+            for i in range(N):
+                acc += row[i] * r[i]
+            w[j] = acc
         w_mean = 0.0
         for t in range(T):
-            acc = 0.0
-            for i in range(N):
-                acc += V[i, x[t]] * r[i]
-            G_Q[t, k] -= acc / mu[k]
-            w_mean += acc
-            if want_raw:
-                raw_Q[t, k] -= acc
+            w_mean += w[x[t]]
         w_mean /= T
+        inv_mu = 1.0 / mu[k]
         for t in range(T):
-            G_Q[t, k] += w_mean / mu[k]
-        for t in range(T):
-            y[x[t]] = 0.0
+            G_Q[t, k] -= (w[x[t]] - w_mean) * inv_mu
+        if want_raw:
+            for t in range(T):
+                raw_Q[t, k] -= w[x[t]]
+        for m in range(n_present):
+            y[present[m]] = 0.0
+            seen[present[m]] = False
+    G_V = np.ascontiguousarray(G_Vt.T)
     for i in range(N):
         for j in range(N):
             G_V[i, j] += dense_r[i]
+    raw_V = np.ascontiguousarray(raw_Vt.T)
     return loss / batch, G_V / batch, G_Q / batch, raw_V / batch, raw_Q / batch
 
 
