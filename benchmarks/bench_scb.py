@@ -49,7 +49,7 @@ def main():
     args = parser.parse_args()
     print(f"one preconditioned minibatch step, batch {args.batch}, {args.steps} steps each (median of 3 repeats)")
     print(f"{'N':>5s} {'T':>5s} {'numba samples/s':>16s} {'numpy samples/s':>16s} {'ratio':>7s}")
-    for N, T in ((20, 64), (100, 256)):
+    for N, T in ((20, 64), (50, 128), (100, 256)):
         problem = cf.SCBProblem.random(N, T, 4, seed=0)
         stage = dyn.StageSettings(args.steps, args.batch, 0.25)
         V, Q = (np.ascontiguousarray(m) for m in problem.initial_point())
