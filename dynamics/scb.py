@@ -21,7 +21,8 @@ from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solv
 from .montecarlo import SeedLike, seed_sequence
 
 __all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "AlgorithmRun", "run_algorithm1",
-           "run_sgd", "run_stage1", "run_stages_2_3", "kernel_seed", "relative_errors"]
+           "run_sgd", "run_stage1", "run_stages_2_3", "transfer_start", "run_transfer", "kernel_seed",
+           "relative_errors"]
 
 
 def kernel_seed(seed: SeedLike) -> int:
@@ -422,3 +423,36 @@ def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
     """(‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q): the distances of spec §13 #16."""
     return (math.sqrt(cf.mu_norm2(problem, np.asarray(V) - problem.P) / problem.K_P),
             math.sqrt(cf.mu_norm2(problem, np.asarray(Q) - problem.Q_star) / problem.K_Q))
+
+
+def transfer_start(problem: SCBProblem, P_tilde, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(V₀, Q₀) = (μ1ᵀ + γ(P̃ − μ1ᵀ), (1/T)11ᵀ): the transfer initialisation of spec §6 (needs P̃μ = μ)."""
+    P_tilde = check.finite_array(P_tilde, "P_tilde", shape=(problem.N, problem.N))
+    if np.abs(P_tilde @ problem.mu - problem.mu).max() > 1e-9:
+        raise ValueError("P_tilde must have the task's stationary law: P_tilde @ mu == mu")
+    gamma = check.real(gamma, "gamma", minimum=0.0, strict=True, maximum=1.0)
+    base = np.outer(problem.mu, np.ones(problem.N))
+    return base + gamma * (P_tilde - base), np.full((problem.T, problem.N), 1.0 / problem.T)
+
+
+def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2: StageSettings, seed, *,
+                 C: float = 2.0, record_every: int = 5) -> AlgorithmRun:
+    """Transfer learning (Theorem 4.1, spec §6) on minibatches: start from the pretrained value layer, take one
+    Q-step of size η₀ = 1/(γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ) on a batch of ``batch0`` (V untouched), then round, Stage 2,
+    normalise and V_LS (:func:`run_stages_2_3`). ``samples`` counts every sample used."""
+    batch0 = check.integer(batch0, "batch0", minimum=1)
+    V, Q = transfer_start(problem, P_tilde, gamma)
+    V, Q = np.ascontiguousarray(V), np.ascontiguousarray(Q)
+    base = np.outer(problem.mu, np.ones(problem.N))
+    overlap = cf.mu_inner(problem, np.asarray(P_tilde) - base, problem.P - base)
+    if overlap <= 0:
+        raise ValueError("P_tilde must be positively correlated with P (<P_tilde − μ1ᵀ, P − μ1ᵀ>_μ > 0)")
+    eta0 = 1.0 / (gamma * overlap)
+    first, second = seed_sequence(seed).spawn(2)
+    step = StageSettings(1, batch0, eta0 * problem.K_P, 0.0, True, eta_V=0.0)  # η_Q = η₀; V is not moved
+    rec, _ = _run_stage(problem, V, Q, step, first, 0, 1)
+    run = run_stages_2_3(problem, (V, Q), stage2, second, alpha_Q=float(rec[-1, 2]), C=C, offset=1,
+                         record_every=record_every)
+    run.records = np.concatenate([rec, run.records])
+    run.samples += batch0
+    return run

@@ -176,3 +176,16 @@ def test_cli_solve_scb_and_latex(capsys):
     assert r"\alpha_V^{+}" in capsys.readouterr().out
     assert main(["solve", "gd-beta", "--latex"]) == 2
     assert "no symbolic derivation" in capsys.readouterr().err
+
+
+def test_transfer_finds_the_supports_in_one_step_and_recovers():
+    p = SCBProblem.random(5, 16, 2, seed=0)
+    base = np.outer(p.mu, np.ones(5))
+    P_tilde = base + 0.6 * (p.P - base)
+    run = dyn.run_transfer(p, P_tilde, 0.3, 2000, dyn.StageSettings(150, 8000, 0.25, lam=0.01), seed=0)
+    assert abs(run.records[1, 2] - 1.0) < 0.1  # α_Q(1) = η₀γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ = 1 up to batch noise
+    assert np.array_equal(run.Q > 0, p.Q_star > 0)
+    assert max(dyn.relative_errors(p, run.V, run.Q)) < 0.05
+    assert run.samples == 2000 + 150 * 8000
+    with pytest.raises(ValueError, match="stationary law"):
+        dyn.transfer_start(p, np.full((5, 5), 0.2), 0.3)  # uniform columns: stationary law uniform, not μ
