@@ -34,7 +34,6 @@ def latex(system: str) -> str:
     if system.replace("-", "_") != "scb":
         raise ValueError(f"no symbolic derivation for system {system!r} (available: scb)")
     s = scb_line_system()
-    a_V, a_Q = s["symbols"]["alpha_V"], s["symbols"]["alpha_Q"]
     plus_V, plus_Q = sp.Symbol(r"\alpha_V^{+}"), sp.Symbol(r"\alpha_Q^{+}")
     lines = [
         r"R(\alpha_V,\alpha_Q) = " + sp.latex(s["risk"]),

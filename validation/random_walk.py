@@ -13,7 +13,6 @@ from scipy.special import logsumexp
 from closed_forms import random_walk as cf
 from closed_forms.random_walk import RandomWalkProblem
 from dynamics import random_walk as dyn
-from dynamics.montecarlo import MonteCarloMean
 
 from . import plots
 from .claims import Outcome, claim
