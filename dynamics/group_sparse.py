@@ -36,10 +36,9 @@ def sample_data(problem: GroupSparseProblem, n: int, rng: np.random.Generator, *
 
 
 @njit(cache=True)
-def _sample_terms(x, y, v, W, d, D, position_only):
-    """Per-sample loss, ∇_v l (d+D) and ∇_W l ((d+D)², or only the W₂₂ block's entries when position_only)."""
-    n_tok = d + D
-    H = np.zeros((n_tok, D))
+def _tokens_and_attention(x, W, d, D):
+    """H = [h_1 … h_D] with h_j = [x_j; e_j] and S (key k, query j) = softmax_k(h_kᵀWh_j) for one sample."""
+    H = np.zeros((d + D, D))
     H[:d, :] = x
     for j in range(D):
         H[d + j, j] = 1.0
@@ -53,6 +52,14 @@ def _sample_terms(x, y, v, W, d, D, position_only):
             total += S[k, j]
         for k in range(D):
             S[k, j] /= total
+    return H, S
+
+
+@njit(cache=True)
+def _sample_terms(x, y, v, W, d, D, position_only):
+    """Per-sample loss, ∇_v l (d+D) and ∇_W l ((d+D)², or only the W₂₂ block's entries when position_only)."""
+    n_tok = d + D
+    H, S = _tokens_and_attention(x, W, d, D)
     u = v @ H
     c = S.sum(axis=1)
     f = 0.0
@@ -105,19 +112,8 @@ def _mean_attention(X, W):
     """Mean over samples of the attention matrix S (key k, query j)."""
     n, d, D = X.shape
     mean = np.zeros((D, D))
-    H = np.zeros((d + D, D))
-    for j in range(D):
-        H[d + j, j] = 1.0
     for i in range(n):
-        H[:d, :] = X[i]
-        logits = H.T @ (W @ H)
-        for j in range(D):
-            top = logits[:, j].max()
-            z = 0.0
-            for k in range(D):
-                z += math.exp(logits[k, j] - top)
-            for k in range(D):
-                mean[k, j] += math.exp(logits[k, j] - top) / z
+        mean += _tokens_and_attention(np.ascontiguousarray(X[i]), W, d, D)[1]
     return mean / n
 
 
@@ -243,24 +239,12 @@ def sample_downstream(problem: GroupSparseProblem, u_star, gamma: float, n: int,
 
 @njit(cache=True)
 def _predict(X, v, W):
+    """f = Σ_j vᵀH softmax(HᵀWh_j) for every sample."""
     n, d, D = X.shape
     f = np.empty(n)
-    H = np.zeros((d + D, D))
-    for j in range(D):
-        H[d + j, j] = 1.0
     for i in range(n):
-        H[:d, :] = X[i]
-        logits = H.T @ (W @ H)
-        u = v @ H
-        total = 0.0
-        for j in range(D):
-            top = logits[:, j].max()
-            z = 0.0
-            for k in range(D):
-                z += math.exp(logits[k, j] - top)
-            for k in range(D):
-                total += math.exp(logits[k, j] - top) / z * u[k]
-        f[i] = total
+        H, S = _tokens_and_attention(np.ascontiguousarray(X[i]), W, d, D)
+        f[i] = (v @ H) @ S.sum(axis=1)
     return f
 
 
