@@ -182,7 +182,8 @@ def _line_loop(x0, n_steps, record_steps, params, blowup):
 def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int, x0=(0.0, 0.0)):
     """The population map on the line (eq. 7) from (α_V, α_Q) = x0, every step recorded: returns (steps+1, 2)."""
     steps = check.integer(steps, "steps", minimum=0)
-    sol = iterate_map(cf.line_map_step, np.asarray(x0, float), steps, cf.pack_line_params(problem, eta_V, eta_Q),
+    x0 = check.finite_array(x0, "x0", shape=(2,))
+    sol = iterate_map(cf.line_map_step, x0, steps, cf.pack_line_params(problem, eta_V, eta_Q),
                       loop=_line_loop)
     return sol.y
 
@@ -295,6 +296,8 @@ class StageSettings:
         object.__setattr__(self, "batch", check.integer(self.batch, "batch", minimum=1))
         object.__setattr__(self, "eta", check.real(self.eta, "eta", minimum=0.0, strict=True))
         object.__setattr__(self, "lam", check.real(self.lam, "lam", minimum=0.0))
+        if self.eta_V is not None:  # 0 freezes V (the transfer step)
+            object.__setattr__(self, "eta_V", check.real(self.eta_V, "eta_V", minimum=0.0))
 
 
 @dataclass
@@ -352,38 +355,23 @@ def run_algorithm1(problem: SCBProblem, stage1: StageSettings, stage2: StageSett
     read-out, spec §13 #9–10; pass ``c1`` to fix it) → Stage 2 (λ > 0) → normalisation at θ₃ (default
     ½·min nonzero of Q*·α_Q, the spec §11 default) → Stage 3 (V alone), or V = V_LS(Q) with ``least_squares_V``.
     """
-    V, Q = (np.ascontiguousarray(m) for m in problem.initial_point())
+    if c1 is not None:
+        c1 = check.real(c1, "c1", minimum=0.0, strict=True)
     seeds = seed_sequence(seed).spawn(3)
-    records, boundaries, violations, samples = [], [], 0, 0
-    offset = 0
-    rec, vio = _run_stage(problem, V, Q, stage1, seeds[0], offset, record_every)
-    records.append(rec)
-    violations += vio
-    offset += stage1.steps
-    samples += stage1.steps * stage1.batch
-    boundaries.append(offset)
-    alpha_Q = float(rec[-1, 2]) if c1 is None else float(c1)
-    theta1 = (1 - alpha_Q) / problem.T + alpha_Q / (2 * C * problem.sparsity)
-    Q[:] = _round_columns(Q, theta1)
-    rec, vio = _run_stage(problem, V, Q, stage2, seeds[1], offset, record_every)
-    records.append(rec)
-    violations += vio
-    offset += stage2.steps
-    samples += stage2.steps * stage2.batch
-    boundaries.append(offset)
-    if theta3 is None:
-        alpha_Q = float(rec[-1, 2])
-        theta3 = 0.5 * alpha_Q * problem.Q_star[problem.Q_star > 0].min()
-    Q[:] = _normalise_columns(Q, theta3)
-    if least_squares_V:
-        V[:] = cf.least_squares_V(problem, Q)
-    else:
+    first = run_stage1(problem, stage1, seeds[0], record_every=record_every)
+    alpha_Q = float(first.records[-1, 2]) if c1 is None else c1
+    rest = run_stages_2_3(problem, (first.V, first.Q), stage2, seeds[1], alpha_Q=alpha_Q, C=C, theta3=theta3,
+                          least_squares_V=least_squares_V, offset=stage1.steps, record_every=record_every)
+    records = [first.records, rest.records]
+    samples = first.samples + rest.samples
+    V, Q = rest.V, rest.Q
+    if not least_squares_V:
         frozen = StageSettings(stage3.steps, stage3.batch, stage3.eta, 0.0, False, stage3.eta_V)
-        rec, vio = _run_stage(problem, V, Q, frozen, seeds[2], offset, record_every)
+        rec, _ = _run_stage(problem, V, Q, frozen, seeds[2], stage1.steps + stage2.steps, record_every)
         records.append(rec)
         samples += stage3.steps * stage3.batch
-    return AlgorithmRun(records=np.concatenate(records), V=V, Q=Q, boundaries=boundaries, violations=violations,
-                        samples=samples)
+    return AlgorithmRun(records=np.concatenate(records), V=V, Q=Q, boundaries=first.boundaries + rest.boundaries,
+                        violations=first.violations + rest.violations, samples=samples)
 
 
 def run_sgd(problem: SCBProblem, stage: StageSettings, seed, *, start=None, offset: int = 0,
@@ -397,14 +385,20 @@ def run_sgd(problem: SCBProblem, stage: StageSettings, seed, *, start=None, offs
 
 
 def run_stages_2_3(problem: SCBProblem, start, stage2: StageSettings, seed, *, alpha_Q: float, C: float = 2.0,
-                   least_squares_V: bool = True, offset: int = 0, record_every: int = 5) -> AlgorithmRun:
-    """Rounding at θ₁ (for the α_Q reached), proximal Stage 2, normalisation at θ₃ = ½α_Q·min q* and
-    V = V_LS(Q) (the paper's experiment variant of Stage 3), from ``start`` = (V, Q) after Stage 1."""
+                   theta3: float | None = None, least_squares_V: bool = True, offset: int = 0,
+                   record_every: int = 5) -> AlgorithmRun:
+    """Rounding at θ₁ = (1 − α_Q)/T + α_Q/(2C·sparsity) (for the α_Q reached), proximal Stage 2, normalisation at
+    θ₃ (default ½α_Q·min q*, with the α_Q after Stage 2) and, with ``least_squares_V``, V = V_LS(Q) (the paper's
+    experiment variant of Stage 3), from ``start`` = (V, Q) after Stage 1."""
+    alpha_Q = check.real(alpha_Q, "alpha_Q")
+    C = check.real(C, "C", minimum=1.0)
     V, Q = (np.array(m, dtype=float, order="C") for m in start)
     theta1 = (1 - alpha_Q) / problem.T + alpha_Q / (2 * C * problem.sparsity)
     Q[:] = _round_columns(Q, theta1)
     rec, vio = _run_stage(problem, V, Q, stage2, seed, offset, record_every)
-    Q[:] = _normalise_columns(Q, 0.5 * float(rec[-1, 2]) * problem.Q_star[problem.Q_star > 0].min())
+    if theta3 is None:
+        theta3 = 0.5 * float(rec[-1, 2]) * problem.Q_star[problem.Q_star > 0].min()
+    Q[:] = _normalise_columns(Q, check.real(theta3, "theta3", minimum=0.0, strict=True))
     if least_squares_V:
         V[:] = cf.least_squares_V(problem, Q)
     return AlgorithmRun(records=rec, V=V, Q=Q, boundaries=[offset + stage2.steps], violations=vio,
