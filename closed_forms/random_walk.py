@@ -24,7 +24,7 @@ from numba import njit
 from . import validation as check
 
 __all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
-           "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "step_one_v", "one_hot_map",
+           "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "reduced_losses", "accuracies", "step_one_v", "one_hot_map",
            "deterministic_closure", "direction_error", "claim3_direction", "sqrt_law_direction",
            "direction_plateau", "MAX_ENUMERATED_STEPS"]
 
@@ -211,27 +211,24 @@ def reduced_step(k, x, params):
 
 
 @njit(cache=True)
-def _reduced_loss_kernel(x, params):
+def _losses_kernel(states, params):
+    out = np.empty(states.shape[0])
     K = int(params[0])
-    return _population_terms(x[:K], x[K:], params)[0]
-
-
-def reduced_loss(problem: RandomWalkProblem, paths: Paths, v, z) -> float:
-    """E[−log(f_y + ε)] over the paths at the reduced state (v, z)."""
-    v = check.finite_array(v, "v", shape=(problem.K,))
-    z = check.finite_array(z, "z", shape=(problem.N,))
-    return float(_reduced_loss_kernel(np.concatenate([v, z]), pack_reduced_params(problem, paths)))
+    for i in range(states.shape[0]):
+        out[i] = _population_terms(states[i, :K], states[i, K:], params)[0]
+    return out
 
 
 @njit(cache=True)
-def _accuracy_kernel(v, z, K, N, weights, d):
+def _accuracy_kernel(x, params):
     """P(Pred(f) = y), ties to the smallest label (spec §2), averaged exactly over y uniform.
 
     For target y and path d, f_{(y + r) mod K} = g[r] = Σ_k S_k v[(r + d_k) mod K]; relative label 0 is predicted
     iff it attains the max and y is the smallest absolute label (y + r) mod K among the maximisers r.
     """
+    K, N, _, _, _, n, weights, d = _unpack(params)
+    v, z = x[:K], x[K:]
     S = _softmax(z)
-    n = weights.size
     g = np.empty(K)
     total = 0.0
     for i in range(n):
@@ -257,12 +254,43 @@ def _accuracy_kernel(v, z, K, N, weights, d):
     return total
 
 
+@njit(cache=True)
+def _accuracies_kernel(states, params):
+    out = np.empty(states.shape[0])
+    for i in range(states.shape[0]):
+        out[i] = _accuracy_kernel(states[i], params)
+    return out
+
+
+def _check_states(problem: RandomWalkProblem, states) -> np.ndarray:
+    states = check.finite_array(states, "states", ndim=2)
+    if states.shape[1] != problem.K + problem.N:
+        raise ValueError(f"states must have K + N = {problem.K + problem.N} columns (v, z), got {states.shape[1]}")
+    return states
+
+
+def reduced_losses(problem: RandomWalkProblem, paths: Paths, states) -> np.ndarray:
+    """E[−log(f_y + ε)] over the paths at each reduced state (v, z) (rows of ``states``), packing the paths once."""
+    return _losses_kernel(_check_states(problem, states), pack_reduced_params(problem, paths))
+
+
+def accuracies(problem: RandomWalkProblem, paths: Paths, states) -> np.ndarray:
+    """Accuracy of argmax_j f_j (ties to the smallest label) at each reduced state (rows of ``states``)."""
+    return _accuracies_kernel(_check_states(problem, states), pack_reduced_params(problem, paths))
+
+
+def reduced_loss(problem: RandomWalkProblem, paths: Paths, v, z) -> float:
+    """E[−log(f_y + ε)] over the paths at the reduced state (v, z)."""
+    v = check.finite_array(v, "v", shape=(problem.K,))
+    z = check.finite_array(z, "z", shape=(problem.N,))
+    return float(reduced_losses(problem, paths, np.concatenate([v, z])[None, :])[0])
+
+
 def accuracy(problem: RandomWalkProblem, paths: Paths, v, z) -> float:
     """Accuracy of the prediction argmax_j f_j (ties to the smallest label) at the reduced state (v, z)."""
     v = check.finite_array(v, "v", shape=(problem.K,))
     z = check.finite_array(z, "z", shape=(problem.N,))
-    return float(_accuracy_kernel(v, z, problem.K, problem.N, paths.weights,
-                                  paths.displacements.ravel().astype(float)))
+    return float(accuracies(problem, paths, np.concatenate([v, z])[None, :])[0])
 
 
 # ==================================================================================================

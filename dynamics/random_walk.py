@@ -53,13 +53,13 @@ def reduced_trajectory(problem: RandomWalkProblem, paths: Paths, steps: int, *, 
     record = _record_steps(steps, n_records)
     sol = iterate_map(cf.reduced_step, x0, steps, params, record_steps=record, loop=_reduced_loop)
     v, z = sol.y[:, :problem.K], sol.y[:, problem.K:]
-    evaluation = eval_paths or paths
-    S = np.array([np.exp(zz - zz.max()) / np.exp(zz - zz.max()).sum() for zz in z])
+    S = np.exp(z - z.max(axis=1, keepdims=True))
+    S /= S.sum(axis=1, keepdims=True)
     return Trajectory(
         times=sol.t, states=dict(v=v, z=z),
-        metrics=dict(loss=np.array([cf.reduced_loss(problem, paths, a, b) for a, b in zip(v, z)]),
+        metrics=dict(loss=cf.reduced_losses(problem, paths, sol.y),  # one call per metric: the paths are packed once
                      parent_attention=S[:, problem.N - 2], query_attention=S[:, problem.N - 1],
-                     accuracy=np.array([cf.accuracy(problem, evaluation, a, b) for a, b in zip(v, z)])),
+                     accuracy=cf.accuracies(problem, eval_paths or paths, sol.y)),
         info=dict(exact=paths.exact, n_paths=paths.weights.size))
 
 
