@@ -215,6 +215,14 @@ def _direction_rows(K, N, ps, checkpoints):
     return rows
 
 
+RATE_BASIS = "deterministic (exact enumeration); the tolerance is the O(ε/v) pre-asymptotic correction to the rate"
+
+
+def _rate_tolerance(rows) -> str:
+    return ("|exponent + 1/2| ≤ ε/min v[±1] at the first checkpoint ("
+            + ", ".join(f"{r['tolerance']:.3f} at p={r['p']:g}" for r in rows) + ")")
+
+
 def _direction_figure(rows, key, title):
     def figure():
         fig, ax = plots.figure()
@@ -245,9 +253,7 @@ def value_direction(seed, K, N, ps, checkpoints):
         measured={f"exponent at p={r['p']:g}": r["claim3_exponent"] for r in rows}
         | {f"final error at p={r['p']:g}": r["claim3_errors"][-1] for r in rows},
         predicted={"exponent": -0.5} | {f"√-law plateau at p={r['p']:g}": r["plateau"] for r in rows},
-        tolerance="|exponent + 1/2| ≤ ε/min v[±1] at the first checkpoint (" +
-                  ", ".join(f"{r['tolerance']:.3f} at p={r['p']:g}" for r in rows) + ") for every p",
-        basis="deterministic (exact enumeration); the tolerance is the O(ε/v) pre-asymptotic correction to the rate",
+        tolerance=_rate_tolerance(rows) + " for every p", basis=RATE_BASIS,
         passed=not failing, details=rows, figure=_direction_figure(rows, "claim3_errors", "Claim 3: distance to Πᵀ direction"),
         notes=("FAILS for p ≠ ½, as spec §6 predicts: once the attention is one-hot, v[1]/v[−1] → √(p/(1−p)) "
                "(measured " + ", ".join(f"{r['v_ratio']:.3f} vs √ {r['sqrt_ratio']:.3f} and p/(1−p) {r['claim3_ratio']:.3f} "
@@ -270,9 +276,7 @@ def sqrt_law_direction(seed, K, N, ps, checkpoints):
     return Outcome(
         measured={f"exponent at p={r['p']:g}": r["sqrt_law_exponent"] for r in rows},
         predicted={"exponent": -0.5},
-        tolerance="|exponent + 1/2| ≤ ε/min v[±1] at the first checkpoint (" +
-                  ", ".join(f"{r['tolerance']:.3f} at p={r['p']:g}" for r in rows) + ")",
-        basis="deterministic (exact enumeration); the tolerance is the O(ε/v) pre-asymptotic correction to the rate",
+        tolerance=_rate_tolerance(rows), basis=RATE_BASIS,
         passed=all(r["passed"] for r in rows), details=rows,
         figure=_direction_figure(rows, "sqrt_law_errors", "Distance to the √-law direction"))
 
