@@ -381,7 +381,7 @@ def proximal_family_step(problem: SCBProblem, state, eta_V: float, eta_Q: float,
     every support entry to stay above the threshold (checked)."""
     if np.any((problem.Q_star > 0).sum(axis=0) != problem.sparsity):
         raise ValueError("the proximal family needs exactly `sparsity` nonzeros in every column of Q_star")
-    alpha_V, xi, b0, bS = (float(v) for v in state)
+    alpha_V, xi, b0, bS = check.finite_array(state, "state", shape=(4,))
     T, Qs, kappa, K_P = problem.T, problem.sparsity, problem.kappa, problem.K_P
     a = xi**2 * kappa + T * b0**2 + Qs * bS**2 + 2 * xi * (b0 + bS) + 2 * Qs * b0 * bS
     b = xi * kappa + b0 + bS

@@ -96,15 +96,29 @@ def _batch_terms(X, y, v, W, position_only):
     return loss / n, grad_v / n, grad_W / n
 
 
+def _check_samples(X, y=None, groups: tuple | None = None):
+    """X (n, d, D) finite, optionally of the given (d, D), and labels y ∈ {±1}ⁿ: contiguous copies."""
+    X = np.ascontiguousarray(check.finite_array(X, "X", ndim=3))
+    if groups is not None and X.shape[1:] != tuple(groups):
+        raise ValueError(f"X must have shape (n, {groups[0]}, {groups[1]}), got {X.shape}")
+    if y is None:
+        return X
+    y = np.ascontiguousarray(check.finite_array(y, "y", shape=(X.shape[0],)))
+    if not np.all(np.abs(y) == 1):
+        raise ValueError("y must hold labels ±1")
+    return X, y
+
+
+def _check_weights(v, W, n_tokens: int):
+    return (np.ascontiguousarray(check.finite_array(v, "v", shape=(n_tokens,))),
+            np.ascontiguousarray(check.finite_array(W, "W", shape=(n_tokens, n_tokens))))
+
+
 def loss_and_gradient(problem: GroupSparseProblem, X, y, v, W, *, position_only: bool = False):
     """Mean loss and gradient (∇_v, ∇_W) of the raw model over the samples (X, y)."""
-    d, D = problem.d, problem.D
-    v = check.finite_array(v, "v", shape=(d + D,))
-    W = check.finite_array(W, "W", shape=(d + D, d + D))
-    X = np.ascontiguousarray(check.finite_array(X, "X", ndim=3))
-    if X.shape[1:] != (d, D):
-        raise ValueError(f"X must have shape (n, {d}, {D}), got {X.shape}")
-    return _batch_terms(X, np.ascontiguousarray(y, dtype=float), v.copy(), W.copy(), position_only)
+    v, W = _check_weights(v, W, problem.d + problem.D)
+    X, y = _check_samples(X, y, (problem.d, problem.D))
+    return _batch_terms(X, y, v.copy(), W.copy(), position_only)
 
 
 @njit(cache=True)
@@ -120,7 +134,7 @@ def _mean_attention(X, W):
 def attention_matrix(problem: GroupSparseProblem, X, W) -> np.ndarray:
     """The attention map S (rows: keys, columns: queries) averaged over the samples X (the paper's heat-map)."""
     W = check.finite_array(W, "W", shape=(problem.d + problem.D,) * 2)
-    return _mean_attention(np.ascontiguousarray(X), np.ascontiguousarray(W))
+    return _mean_attention(_check_samples(X, groups=(problem.d, problem.D)), np.ascontiguousarray(W))
 
 
 def attention_on_star(problem: GroupSparseProblem, X, W) -> float:
@@ -144,7 +158,7 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
     root = seed_sequence(seed)
     data_seed, eval_seed = root.spawn(2)
     rng = np.random.default_rng(data_seed)
-    X_eval, _ = sample_data(problem, n_eval, np.random.default_rng(eval_seed))
+    X_eval, _ = sample_data(problem, check.integer(n_eval, "n_eval", minimum=1), np.random.default_rng(eval_seed))
     d, D = problem.d, problem.D
     v = np.zeros(d + D)
     W = np.zeros((d + D, d + D))
@@ -269,8 +283,8 @@ def fine_tune(problem: GroupSparseProblem, W_pretrained, X, y, eta: float = 1.0,
     """
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     W = check.finite_array(W_pretrained, "W_pretrained", shape=(problem.d + problem.D,) * 2).copy()
-    v, W = _online_sgd(np.ascontiguousarray(X), np.ascontiguousarray(y, dtype=float), np.zeros(problem.d + problem.D),
-                       W, eta, train_W)
+    X, y = _check_samples(X, y, (problem.d, problem.D))
+    v, W = _online_sgd(X, y, np.zeros(problem.d + problem.D), W, eta, train_W)
     if not (np.all(np.isfinite(v)) and np.all(np.isfinite(W))):
         raise DivergenceError("fine-tuning diverged: non-finite weights after online SGD")
     return v, W
@@ -278,7 +292,9 @@ def fine_tune(problem: GroupSparseProblem, W_pretrained, X, y, eta: float = 1.0,
 
 def transformer_error(X, y, v, W) -> float:
     """Test error P(y f <= 0) of the transformer (v, W) on (X, y)."""
-    return float(np.mean(y * _predict(np.ascontiguousarray(X), np.asarray(v, float), np.ascontiguousarray(W)) <= 0))
+    X, y = _check_samples(X, y)
+    v, W = _check_weights(v, W, X.shape[1] + X.shape[2])
+    return float(np.mean(y * _predict(X, v, W) <= 0))
 
 
 def logistic_regression(X, y, ridge: float = 1e-4) -> np.ndarray:
@@ -286,7 +302,8 @@ def logistic_regression(X, y, ridge: float = 1e-4) -> np.ndarray:
     sign-symmetric), fitted to convergence by L-BFGS."""
     from scipy.optimize import minimize
 
-    Z = X.reshape(len(X), -1) * np.asarray(y, float)[:, None]
+    X, y = _check_samples(X, y)
+    Z = X.reshape(len(X), -1) * y[:, None]
     ridge = check.real(ridge, "ridge", minimum=0.0, strict=True)
 
     def objective(w):
@@ -299,4 +316,7 @@ def logistic_regression(X, y, ridge: float = 1e-4) -> np.ndarray:
 
 
 def linear_error(X, y, w) -> float:
-    return float(np.mean(np.asarray(y) * (X.reshape(len(X), -1) @ w) <= 0))
+    """Test error of the linear classifier sign(<w, vec(X)>)."""
+    X, y = _check_samples(X, y)
+    w = check.finite_array(w, "w", shape=(X.shape[1] * X.shape[2],))
+    return float(np.mean(y * (X.reshape(len(X), -1) @ w) <= 0))

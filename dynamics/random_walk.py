@@ -219,6 +219,12 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
     """
     steps = check.integer(steps, "steps", minimum=0)
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
+    states = sequences.states
+    if states.ndim != 2 or states.shape[1] != problem.N or states.min() < 0 or states.max() >= problem.K:
+        raise ValueError(f"sequences must hold N = {problem.N} node indices in 0..K-1 = 0..{problem.K - 1} per row, "
+                         f"got shape {states.shape}")
+    if sequences.weights.shape != (states.shape[0],) or np.any(sequences.weights < 0):
+        raise ValueError("sequences.weights must be non-negative, one per sequence")
     rng = np.random.default_rng(seed_sequence(seed))
     size = problem.K + problem.M
     V = init_scale * rng.standard_normal((problem.K, problem.K))

@@ -170,3 +170,15 @@ def test_exponent_difference_interval_covers_the_true_difference():
     assert covered >= 34  # nominal 0.95 over 40 trials: P(Binomial(40, 0.95) < 34) = 0.0034
     with pytest.raises(ValueError, match="same shape"):
         fit_exponent_difference(x, np.ones((4, 3)), np.ones((4, 4)))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: dyn.fine_tune(EXAMPLE, np.zeros((10, 10)), np.zeros((5, 3, 6)), np.ones(5)), "X must have shape"),
+    (lambda: dyn.transformer_error(np.zeros((5, 4, 6)), np.ones(5), np.zeros(9), np.zeros((10, 10))), "v must have shape"),
+    (lambda: dyn.logistic_regression(np.zeros((5, 4, 6)), np.ones(4)), "y must have shape"),
+    (lambda: dyn.linear_error(np.zeros((5, 4, 6)), np.zeros(5), np.zeros(24)), "y must hold labels"),
+    (lambda: dyn.full_gd_trajectory(EXAMPLE, 1.0, 2, batch_size=10, seed=0, n_eval=0), "n_eval must be >= 1"),
+])
+def test_downstream_and_training_refuse_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

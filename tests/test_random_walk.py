@@ -167,3 +167,10 @@ def test_quick_claims_pass_except_claim3_which_fails_away_from_p_half():
 def test_claim3_passes_when_only_p_half_is_checked():
     from validation.claims import run_claim, select
     assert run_claim(select(["random_walk.value_direction"])[0], seed=0, ps=(0.5,)).status == "PASS"
+
+
+def test_full_gd_refuses_sequences_of_another_problem():
+    problem = RandomWalkProblem(K=5, N=11, p=0.7, M=40)
+    other = dyn.population_sequences(RandomWalkProblem(K=5, N=9, p=0.7, M=40))
+    with pytest.raises(ValueError, match="sequences must hold N = 11 node indices"):
+        dyn.full_gd_trajectory(problem, other, 2)

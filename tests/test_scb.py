@@ -189,3 +189,14 @@ def test_transfer_finds_the_supports_in_one_step_and_recovers():
     assert run.samples == 2000 + 150 * 8000
     with pytest.raises(ValueError, match="stationary law"):
         dyn.transfer_start(p, np.full((5, 5), 0.2), 0.3)  # uniform columns: stationary law uniform, not μ
+
+
+def test_bad_algorithm_settings_are_refused():
+    with pytest.raises(ValueError, match="state must have shape"):
+        cf.proximal_family_step(EXAMPLE, [1.0, 2.0], 0.1, 0.1, 0.01)
+    with pytest.raises(ValueError, match="eta_V must be >= 0"):
+        dyn.StageSettings(10, 100, 0.25, eta_V=-1.0)
+    with pytest.raises(ValueError, match="x0 must have shape"):
+        dyn.line_trajectory(EXAMPLE, 0.1, 0.1, 5, x0=(0.0, 0.0, 0.0))
+    with pytest.raises(ValueError, match="theta3 must be > 0"):
+        dyn.run_stages_2_3(EXAMPLE, EXAMPLE.initial_point(), dyn.StageSettings(2, 100, 0.25), 0, alpha_Q=0.5, theta3=-1.0)
