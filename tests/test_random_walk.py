@@ -174,3 +174,32 @@ def test_full_gd_refuses_sequences_of_another_problem():
     other = dyn.population_sequences(RandomWalkProblem(K=5, N=9, p=0.7, M=40))
     with pytest.raises(ValueError, match="sequences must hold N = 11 node indices"):
         dyn.full_gd_trajectory(problem, other, 2)
+
+
+def test_one_hot_map_step_matches_monte_carlo_of_the_raw_gradient():
+    """One step of the one-hot closed form against the raw-model V-gradient, averaged along the circulant
+    diagonals (v[c] ← v[c] − (η/K)·E[Σ_{y − s ≡ c} ∂l/∂V_{y,s}]), from sampled sequences and token matrices."""
+    problem = RandomWalkProblem(K=5, N=9, p=0.7, M=20, eta=0.5)
+    K, N = problem.K, problem.N
+    v = np.array([0.1, 0.3, 0.1, 0.1, 0.2])
+    P = cf.positional_embeddings(N, problem.M)
+    z = np.zeros(N)
+    z[N - 2] = 60.0  # attention one-hot on the parent token to round-off
+    W = np.zeros((K + problem.M, K + problem.M))
+    W[K:, K:] = np.outer(P @ z / problem.P_norm, P[:, N - 1]) / problem.P_norm
+    seqs = dyn.sample_sequences(problem, 40_000, np.random.default_rng(8))
+    n = seqs.states.shape[0]
+    X = np.zeros((n, K, N))
+    X[np.arange(n)[:, None], seqs.states[:, :-1], np.arange(N - 1)[None, :]] = 1.0
+    tokens = np.concatenate([X, np.broadcast_to(P, (n, problem.M, N))], axis=1)
+    logits = np.einsum("nit,i->nt", tokens, W @ np.concatenate([np.zeros(K), P[:, N - 1]]))
+    S = np.exp(logits - logits.max(axis=1, keepdims=True))
+    S /= S.sum(axis=1, keepdims=True)
+    XS = np.einsum("njt,nt->nj", X, S)
+    y = seqs.states[:, -1]
+    f_y = np.einsum("nj,nj->n", cf.circulant(v)[y], XS)
+    dl = -1.0 / (f_y + problem.eps)
+    closed = cf.one_hot_map(problem, v[1], v[-1], 1)[1]
+    for c, expected in ((1, closed[0]), (K - 1, closed[1]), (2, v[2])):
+        per_sample = v[c] - problem.eta / K * dl * XS[np.arange(n), (y - c) % K]
+        assert_within_standard_errors(per_sample.mean(), per_sample.std(ddof=1) / np.sqrt(n) + 1e-15, expected)
