@@ -31,33 +31,19 @@ def kernel_seed(seed: SeedLike) -> int:
 
 
 def _cdfs(problem: SCBProblem):
-    """Cumulative laws for inverse-CDF sampling: μ (N), each column of Q* (T × N) and of P (N × N)."""
+    """Cumulative laws for inverse-CDF sampling: μ (N), and, one per row, the columns of Q* (N × T) and of P (N × N)."""
     mu_cdf = np.cumsum(problem.mu)
     mu_cdf[-1] = 1.0
     Qs_cdf = np.cumsum(problem.Q_star, axis=0)
     Qs_cdf[-1, :] = 1.0
     P_cdf = np.cumsum(problem.P, axis=0)
     P_cdf[-1, :] = 1.0
-    return mu_cdf, np.ascontiguousarray(Qs_cdf), np.ascontiguousarray(P_cdf)
+    return mu_cdf, np.ascontiguousarray(Qs_cdf.T), np.ascontiguousarray(P_cdf.T)
 
 
 @njit(cache=True)
 def _draw(cdf):
     return np.searchsorted(cdf, np.random.random(), side="right")
-
-
-@njit(cache=True)
-def _draw_column(cdf, column):
-    u = np.random.random()
-    n = cdf.shape[0]
-    lo, hi = 0, n - 1
-    while lo < hi:  # first index with cdf > u
-        mid = (lo + hi) // 2
-        if cdf[mid, column] > u:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 @njit(cache=True)
@@ -87,8 +73,8 @@ def _batch_gradients(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, batch, want_raw):
         for t in range(T):
             x[t] = _draw(mu_cdf)
         k = _draw(mu_cdf)
-        s = _draw_column(Qs_cdf, k)
-        o = _draw_column(P_cdf, x[s])
+        s = _draw(Qs_cdf[k])
+        o = _draw(P_cdf[x[s]])
         n_present = 0
         for t in range(T):
             token = x[t]
