@@ -41,16 +41,17 @@ def _record_steps(steps: int, n_records: int | None) -> np.ndarray:
 
 
 def reduced_trajectory(problem: RandomWalkProblem, paths: Paths, steps: int, *, n_records: int | None = None,
-                       eval_paths: Paths | None = None, x0=None) -> Trajectory:
+                       eval_paths: Paths | None = None, x0=None, record_steps=None) -> Trajectory:
     """Reduced GD (spec §4) from v = 0, z = 0 (or ``x0`` = (v, z)); expectations over ``paths``.
 
     Records v, z, the loss, the parent attention S_{N−1}, the query weight S_N and the accuracy (on
-    ``eval_paths``, by default the training paths) at every step or at ``n_records`` log-spaced steps.
+    ``eval_paths``, by default the training paths) at every step, at ``n_records`` log-spaced steps, or at the
+    given ``record_steps``.
     """
     steps = check.integer(steps, "steps", minimum=0)
     params = cf.pack_reduced_params(problem, paths)
     x0 = np.zeros(problem.K + problem.N) if x0 is None else check.finite_array(x0, "x0", shape=(problem.K + problem.N,))
-    record = _record_steps(steps, n_records)
+    record = _record_steps(steps, n_records) if record_steps is None else record_steps
     sol = iterate_map(cf.reduced_step, x0, steps, params, record_steps=record, loop=_reduced_loop)
     v, z = sol.y[:, :problem.K], sol.y[:, problem.K:]
     S = np.exp(z - z.max(axis=1, keepdims=True))

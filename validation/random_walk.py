@@ -199,8 +199,8 @@ def _direction_rows(K, N, ps, checkpoints):
     rows = []
     for p in ps:
         problem = RandomWalkProblem(K=K, N=N, p=p)
-        run = dyn.reduced_trajectory(problem, cf.enumerate_paths(problem), max(checkpoints))
-        v = run.states["v"][list(checkpoints)]
+        run = dyn.reduced_trajectory(problem, cf.enumerate_paths(problem), max(checkpoints), record_steps=checkpoints)
+        v = run.states["v"]
         claim3 = [cf.direction_error(x, cf.claim3_direction(K, p)) for x in v]
         sqrt_law = [cf.direction_error(x, cf.sqrt_law_direction(K, p)) for x in v]
         # The rate is asymptotic: with v[±1] ≈ √(2ηp_±t/K) − ε the relative correction to the local slope is
