@@ -21,7 +21,7 @@ from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solv
 from .montecarlo import SeedLike, seed_sequence
 
 __all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "AlgorithmRun", "run_algorithm1",
-           "run_sgd", "run_stage1", "run_stages_2_3", "transfer_start", "run_transfer", "kernel_seed",
+           "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "transfer_start", "run_transfer", "kernel_seed",
            "relative_errors"]
 
 
@@ -193,11 +193,11 @@ def normalised_flow(epsilon: float, x0, taus, *, rtol: float = 1e-10, atol: floa
 
 @njit(cache=True)
 def _stage_kernel(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, P, Q_star, K_P, K_Q, eta_V, eta_Q, lam, batch, steps,
-                  train_Q, record_every):
+                  train_Q, record_every, blowup):
     """``steps`` preconditioned minibatch steps in place; λ > 0 adds the soft threshold η_Qλ before the affine
     column projection (eq. 6). Records (α_V, α_Q, ‖V − P‖_μ, ‖Q − Q*‖_μ, max|1ᵀV − 1ᵀ|, max|Vμ − μ|,
     max|1ᵀQ − 1ᵀ|, loss) every ``record_every`` steps and after the last. Returns (records, violations, failed step
-    or −1)."""
+    or −1): a step fails when an entry of V or Q is non-finite or beyond ``blowup`` in size."""
     N, T = V.shape[0], Q.shape[0]
     n_rec = steps // record_every + 2
     rec = np.full((n_rec, 9), np.nan)
@@ -232,7 +232,7 @@ def _stage_kernel(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, P, Q_star, K_P, K_Q, eta_V, e
                 shift = (1.0 - Q[:, k].sum()) / T
                 for t in range(T):
                     Q[t, k] += shift
-        if not (np.all(np.isfinite(V)) and np.all(np.isfinite(Q))):
+        if not (np.abs(V).max() < blowup and np.abs(Q).max() < blowup):  # also catches nan and inf
             return rec[:j], violations, step + 1
     return rec[:j], violations, -1
 
@@ -262,6 +262,7 @@ def _metrics(V, Q, mu, P, Q_star, K_P, K_Q):
     return out
 
 
+BLOWUP = 1e6  # |entries| of V and Q stay O(1) on the stochastic constraint sets; beyond this the run has diverged
 RECORD_NAMES = ("step", "alpha_V", "alpha_Q", "dist_V", "dist_Q", "colsum_V", "stationarity_V", "colsum_Q", "loss")
 
 
@@ -309,9 +310,10 @@ def _run_stage(problem, V, Q, stage: StageSettings, seed, offset, record_every):
     _seed_numba(kernel_seed(seed))
     rec, violations, failed = _stage_kernel(V, Q, problem.mu, mu_cdf, Qs_cdf, P_cdf, problem.P, problem.Q_star,
                                             problem.K_P, problem.K_Q, eta_V, eta_Q, stage.lam, stage.batch,
-                                            stage.steps, stage.train_Q, max(1, record_every))
+                                            stage.steps, stage.train_Q, max(1, record_every), BLOWUP)
     if failed >= 0:
-        raise DivergenceError(f"minibatch run diverged at step {offset + failed}: non-finite V or Q")
+        raise DivergenceError(f"minibatch run diverged at step {offset + failed}: an entry of V or Q is non-finite "
+                              f"or above {BLOWUP:g} in size (try a smaller step or a larger batch)")
     rec = rec.copy()
     rec[:, 0] += offset
     return rec, violations
@@ -323,12 +325,18 @@ def _round_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
     return Q + (1.0 - Q.sum(axis=0)) / Q.shape[0]
 
 
+class StageFailure(RuntimeError):
+    """A run ended in a state the next stage cannot start from (it lost the attention signal): not a bad input,
+    an outcome — the critical-batch search counts it as a failure at that batch."""
+
+
 def _normalise_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
     """q ← q·1{q >= θ₃}/‖q·1{q >= θ₃}‖₁ (Stage 3, spec §6)."""
     kept = np.where(Q >= threshold, Q, 0.0)
     sums = kept.sum(axis=0)
     if np.any(sums <= 0):
-        raise ValueError("Stage-3 normalisation would empty a column: theta_3 is above every entry")
+        raise StageFailure(f"Stage-3 normalisation would empty a column: theta_3 = {threshold:g} is above every "
+                           "entry of it")
     return kept / sums
 
 
@@ -383,7 +391,11 @@ def run_stages_2_3(problem: SCBProblem, start, stage2: StageSettings, seed, *, a
     Q[:] = _round_columns(Q, theta1)
     rec, vio = _run_stage(problem, V, Q, stage2, seed, offset, record_every)
     if theta3 is None:
-        theta3 = 0.5 * float(rec[-1, 2]) * problem.Q_star[problem.Q_star > 0].min()
+        alpha_Q_end = float(rec[-1, 2])
+        if alpha_Q_end <= 0:
+            raise StageFailure(f"Stage 2 ended at alpha_Q = {alpha_Q_end:.3g} <= 0, so the default theta_3 = "
+                               "½·alpha_Q·min q* is not positive: the run lost the attention signal (batch too small?)")
+        theta3 = 0.5 * alpha_Q_end * problem.Q_star[problem.Q_star > 0].min()
     Q[:] = _normalise_columns(Q, check.real(theta3, "theta3", minimum=0.0, strict=True))
     if least_squares_V:
         V[:] = cf.least_squares_V(problem, Q)
