@@ -121,6 +121,21 @@ def test_bootstrap_interval_covers_the_true_exponent_at_its_level(kind, exponent
     assert abs(np.mean(estimates) - exponent) < 0.02  # the seed-mean fit is unbiased here
 
 
+def test_quantile_fit_recovers_the_exponent_of_an_order_statistic():
+    """A law whose seeds scatter multiplicatively: every quantile scales like x^0.8, so the median and the 90%
+    fits both find 0.8 and their intervals cover it."""
+    rng = np.random.default_rng(7)
+    x = np.array([16.0, 64.0, 256.0])
+    y = x[:, None] ** 0.8 * np.exp(0.2 * rng.normal(size=(3, 40)))
+    for q in (0.5, 0.9):
+        fit = fit_exponent(x, y, quantile=q, seed=1)
+        assert fit.contains(0.8) and abs(fit.estimate - 0.8) < 0.1
+        assert fit.estimate == pytest.approx(np.polyfit(np.log(x), np.log(np.quantile(y, q, axis=1,
+                                                                                      method="inverted_cdf")), 1)[0])
+    with pytest.raises(ValueError, match="quantile"):
+        fit_exponent(x, y, quantile=1.0)
+
+
 def test_fit_exponent_bad_input():
     x = np.array([1.0, 2.0, 4.0])
     for args, message in [((x, np.ones((3, 1))), "at least 2 seeds"), ((x[:2], np.ones((2, 4))), "3 distinct"),
