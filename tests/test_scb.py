@@ -200,3 +200,42 @@ def test_bad_algorithm_settings_are_refused():
         dyn.line_trajectory(EXAMPLE, 0.1, 0.1, 5, x0=(0.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="theta3 must be > 0"):
         dyn.run_stages_2_3(EXAMPLE, EXAMPLE.initial_point(), dyn.StageSettings(2, 100, 0.25), 0, alpha_Q=0.5, theta3=-1.0)
+
+
+def test_critical_batch_walk_finds_each_seeds_first_success_and_flags_censoring():
+    """A synthetic success rule with a known threshold per seed: the walk returns the first grid batch at or
+    above it, per criterion, and flags criteria never met below max_batch."""
+    from validation.scb import BATCH_GRID_RATIO, _critical_batches
+
+    thresholds = {0: 100, 1: 300, 2: 1000}
+    seeds = np.random.SeedSequence(5).spawn(3)
+    index = {tuple(s.spawn_key): i for i, s in enumerate(seeds)}
+
+    def success(batch, seed):
+        need = thresholds[index[tuple(seed.spawn_key[:-1])]]
+        return batch >= need, batch >= 2 * need
+
+    first, censored = _critical_batches(success, seeds, start=64, max_batch=10 ** 6)
+    grid = np.round(BATCH_GRID_RATIO ** np.arange(12, 60))
+    expected = [[grid[grid >= f * need].min() for need in thresholds.values()] for f in (1, 2)]
+    assert not censored and np.array_equal(first, expected)
+    _, censored = _critical_batches(success, seeds, start=64, max_batch=1500)
+    assert censored
+
+
+def test_critical_batch_counts_a_diverged_run_as_a_failure():
+    from validation.scb import _critical_batches
+
+    def success(batch, seed):
+        if batch < 200:
+            dyn.run_sgd(EXAMPLE, dyn.StageSettings(50, 100, 1e6), seed=0)  # diverges
+        return (True,)
+
+    first, _ = _critical_batches(success, np.random.SeedSequence(0).spawn(2), start=64, max_batch=10 ** 4)
+    assert np.all(first == 256)
+
+
+def test_stage_2_that_loses_the_signal_is_a_stage_failure_not_a_crash():
+    start = cf.line_point(EXAMPLE, 0.0, -0.5)  # α_Q < 0: normalisation at ½α_Q·min q* is impossible
+    with pytest.raises(dyn.StageFailure, match="lost the attention signal"):
+        dyn.run_stages_2_3(EXAMPLE, start, dyn.StageSettings(0, 100, 0.25), 0, alpha_Q=0.5)
