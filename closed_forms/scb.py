@@ -301,6 +301,20 @@ def least_squares_V(problem: SCBProblem, Q) -> np.ndarray:
     return V0 + s["b"] / s["a"] * (problem.P - V0)
 
 
+def related_transition(problem: SCBProblem, rho: float, seed, noise: float = 0.1) -> np.ndarray:
+    """A pretrained value layer from a related task (spec §6, transfer): P̃ = μ1ᵀ + ρ(P − μ1ᵀ) + Δ, with Δ a
+    Gaussian (scale ``noise``) projected so that 1ᵀP̃ = 1ᵀ and P̃μ = μ. Its overlap <P̃ − μ1ᵀ, P − μ1ᵀ>_μ is
+    ρK_P plus a term of size ``noise``."""
+    rho = check.real(rho, "rho", minimum=0.0, strict=True, maximum=1.0)
+    noise = check.real(noise, "noise", minimum=0.0)
+    N, mu = problem.N, problem.mu
+    ones = np.ones((N, N))
+    gaussian = np.random.default_rng(seed).normal(scale=noise, size=(N, N))
+    tangent = (np.eye(N) - ones / N) @ gaussian @ (np.eye(N) - np.outer(mu, np.ones(N)))
+    base = np.outer(mu, np.ones(N))
+    return base + rho * (problem.P - base) + tangent
+
+
 def stage1_duration(problem: SCBProblem, eta: float, c: float = 0.1) -> dict:
     """Predicted Stage-1 duration (spec §8.4): τ₁ = log(2c/ε) in normalised time and
     t₁ ≈ log(1 + 2cTK_Q)/log(1 + η) steps of the normalised map."""

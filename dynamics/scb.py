@@ -21,8 +21,8 @@ from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solv
 from .montecarlo import SeedLike, seed_sequence
 
 __all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "AlgorithmRun", "run_algorithm1",
-           "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "transfer_start", "run_transfer", "kernel_seed",
-           "relative_errors"]
+           "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "transfer_start", "transfer_step", "run_transfer",
+           "kernel_seed", "relative_errors"]
 
 
 def kernel_seed(seed: SeedLike) -> int:
@@ -427,11 +427,10 @@ def transfer_start(problem: SCBProblem, P_tilde, gamma: float) -> tuple[np.ndarr
     return base + gamma * (P_tilde - base), np.full((problem.T, problem.N), 1.0 / problem.T)
 
 
-def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2: StageSettings, seed, *,
-                 C: float = 2.0, record_every: int = 5) -> AlgorithmRun:
-    """Transfer learning (Theorem 4.1, spec §6) on minibatches: start from the pretrained value layer, take one
-    Q-step of size η₀ = 1/(γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ) on a batch of ``batch0`` (V untouched), then round, Stage 2,
-    normalise and V_LS (:func:`run_stages_2_3`). ``samples`` counts every sample used."""
+def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, seed):
+    """The first move of transfer learning (Theorem 4.1, spec §6): from the pretrained value layer, one Q-step of
+    size η₀ = 1/(γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ) on a batch of ``batch0`` with V untouched (in the population it lands
+    exactly at α_Q = 1). Returns (V, Q, records of the step)."""
     batch0 = check.integer(batch0, "batch0", minimum=1)
     V, Q = transfer_start(problem, P_tilde, gamma)
     V, Q = np.ascontiguousarray(V), np.ascontiguousarray(Q)
@@ -440,9 +439,17 @@ def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2
     if overlap <= 0:
         raise ValueError("P_tilde must be positively correlated with P (<P_tilde − μ1ᵀ, P − μ1ᵀ>_μ > 0)")
     eta0 = 1.0 / (gamma * overlap)
-    first, second = seed_sequence(seed).spawn(2)
     step = StageSettings(1, batch0, eta0 * problem.K_P, 0.0, True, eta_V=0.0)  # η_Q = η₀; V is not moved
-    rec, _ = _run_stage(problem, V, Q, step, first, 0, 1)
+    rec, _ = _run_stage(problem, V, Q, step, seed, 0, 1)
+    return V, Q, rec
+
+
+def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2: StageSettings, seed, *,
+                 C: float = 2.0, record_every: int = 5) -> AlgorithmRun:
+    """Transfer learning (Theorem 4.1, spec §6) on minibatches: :func:`transfer_step`, then round, Stage 2,
+    normalise and V_LS (:func:`run_stages_2_3`). ``samples`` counts every sample used."""
+    first, second = seed_sequence(seed).spawn(2)
+    V, Q, rec = transfer_step(problem, P_tilde, gamma, batch0, first)
     run = run_stages_2_3(problem, (V, Q), stage2, second, alpha_Q=float(rec[-1, 2]), C=C, offset=1,
                          record_every=record_every)
     run.records = np.concatenate([rec, run.records])

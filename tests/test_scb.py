@@ -239,3 +239,15 @@ def test_stage_2_that_loses_the_signal_is_a_stage_failure_not_a_crash():
     start = cf.line_point(EXAMPLE, 0.0, -0.5)  # α_Q < 0: normalisation at ½α_Q·min q* is impossible
     with pytest.raises(dyn.StageFailure, match="lost the attention signal"):
         dyn.run_stages_2_3(EXAMPLE, start, dyn.StageSettings(0, 100, 0.25), 0, alpha_Q=0.5)
+
+
+def test_related_transition_keeps_the_stationary_law_and_column_sums():
+    P_tilde = cf.related_transition(EXAMPLE, 0.6, seed=3)
+    assert np.allclose(P_tilde @ EXAMPLE.mu, EXAMPLE.mu, atol=1e-13)
+    assert np.allclose(P_tilde.sum(axis=0), 1.0, atol=1e-13)
+    base = np.outer(EXAMPLE.mu, np.ones(EXAMPLE.N))
+    exact = cf.related_transition(EXAMPLE, 0.6, seed=3, noise=0.0)
+    assert cf.mu_inner(EXAMPLE, exact - base, EXAMPLE.P - base) == pytest.approx(0.6 * EXAMPLE.K_P, rel=1e-12)
+    for kwargs, message in [(dict(rho=0.0), "rho"), (dict(rho=1.5), "rho"), (dict(rho=0.5, noise=-1.0), "noise")]:
+        with pytest.raises(ValueError, match=message):
+            cf.related_transition(EXAMPLE, seed=0, **kwargs)
