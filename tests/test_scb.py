@@ -215,24 +215,27 @@ def test_critical_batch_walk_finds_each_seeds_first_success_and_flags_censoring(
         need = thresholds[index[tuple(seed.spawn_key[:-1])]]
         return batch >= need, batch >= 2 * need
 
-    first, censored = _critical_batches(success, seeds, start=64, max_batch=10 ** 6)
+    first, censored = _critical_batches(success, seeds, start=64, max_batch=10 ** 6, n_criteria=2)
     grid = np.round(BATCH_GRID_RATIO ** np.arange(12, 60))
     expected = [[grid[grid >= f * need].min() for need in thresholds.values()] for f in (1, 2)]
     assert not censored and np.array_equal(first, expected)
-    _, censored = _critical_batches(success, seeds, start=64, max_batch=1500)
+    _, censored = _critical_batches(success, seeds, start=64, max_batch=1500, n_criteria=2)
     assert censored
 
 
-def test_critical_batch_counts_a_diverged_run_as_a_failure():
+def test_critical_batch_counts_a_diverged_run_as_a_failure_of_every_criterion():
     from validation.scb import _critical_batches
 
     def success(batch, seed):
         if batch < 200:
             dyn.run_sgd(EXAMPLE, dyn.StageSettings(50, 100, 1e6), seed=0)  # diverges
-        return (True,)
+        return True, batch >= 362
 
-    first, _ = _critical_batches(success, np.random.SeedSequence(0).spawn(2), start=64, max_batch=10 ** 4)
-    assert np.all(first == 256)
+    first, _ = _critical_batches(success, np.random.SeedSequence(0).spawn(2), start=64, max_batch=10 ** 4,
+                                 n_criteria=2)
+    assert first.shape == (2, 2) and np.all(first[0] == 256) and np.all(first[1] == 362)
+    with pytest.raises(ValueError, match="n_criteria"):
+        _critical_batches(success, np.random.SeedSequence(0).spawn(1), start=256, max_batch=10 ** 4)
 
 
 def test_stage_2_that_loses_the_signal_is_a_stage_failure_not_a_crash():

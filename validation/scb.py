@@ -514,9 +514,9 @@ def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds):
 BATCH_GRID_RATIO = math.sqrt(2)  # the ascending batch grid of the critical-batch search
 
 
-def _critical_batches(success, seeds, start: int, max_batch: int) -> tuple[np.ndarray, bool]:
+def _critical_batches(success, seeds, start: int, max_batch: int, n_criteria: int = 1) -> tuple[np.ndarray, bool]:
     """Per seed, the first batch on the ascending grid round(√2^k) (from ``start``) at which each criterion of
-    ``success(batch, seed) -> tuple[bool, ...]`` holds; the walk stops once all have held. Returns (first
+    ``success(batch, seed) -> tuple[bool, ...]`` (``n_criteria`` of them) holds; the walk stops once all have held. Returns (first
     successes, shape (n_criteria, n_seeds), censored): a criterion never met up to ``max_batch`` is recorded one
     grid step above it and flags the result as censored. A run that diverges or loses the signal counts as a failure. Each (seed, k) draws from its own child SeedSequence, so
     a batch's outcome does not depend on where the walk started."""
@@ -524,7 +524,7 @@ def _critical_batches(success, seeds, start: int, max_batch: int) -> tuple[np.nd
     first = []
     censored = False
     for child in seeds:
-        found: list[float | None] = [None]
+        found: list[float | None] = [None] * n_criteria
         k = k0
         while True:
             batch = int(round(BATCH_GRID_RATIO ** k))
@@ -535,9 +535,9 @@ def _critical_batches(success, seeds, start: int, max_batch: int) -> tuple[np.nd
             try:
                 outcome = success(batch, np.random.SeedSequence(child.entropy, spawn_key=child.spawn_key + (k,)))
             except (DivergenceError, dyn.StageFailure):  # a run that blows up or loses the signal has failed
-                outcome = (False,) * max(len(found), 1)
-            if found == [None]:
-                found = [None] * len(outcome)
+                outcome = (False,) * n_criteria
+            if len(outcome) != n_criteria:
+                raise ValueError(f"success returned {len(outcome)} criteria, expected n_criteria = {n_criteria}")
             found = [batch if (f is None and ok) else f for f, ok in zip(found, outcome)]
             if all(f is not None for f in found):
                 break
@@ -546,7 +546,7 @@ def _critical_batches(success, seeds, start: int, max_batch: int) -> tuple[np.nd
     return np.array(first, float).T, censored
 
 
-def _critical_batch_curve(make_success, Ts, seed, n_seeds, start, max_batch, quantile):
+def _critical_batch_curve(make_success, Ts, seed, n_seeds, start, max_batch, quantile, n_criteria=1):
     """First successes (n_criteria, len(Ts), n_seeds) over a T grid. Each T's walk starts two grid steps below
     the previous T's smallest first success, and restarts 4× lower whenever the ``quantile`` sits at the walk's
     start (the critical batch could then be lower still)."""
@@ -556,7 +556,7 @@ def _critical_batch_curve(make_success, Ts, seed, n_seeds, start, max_batch, qua
         success = make_success(T)
         seeds = child.spawn(n_seeds)
         while True:
-            first, cut = _critical_batches(success, seeds, start, max_batch)
+            first, cut = _critical_batches(success, seeds, start, max_batch, n_criteria)
             critical = np.quantile(first, quantile, axis=1, method="inverted_cdf")
             if start <= 16 or np.all(critical > start * BATCH_GRID_RATIO ** 0.5):
                 break
@@ -630,7 +630,7 @@ def critical_batch(seed, Ts, vanilla_Ts, seeds, c1, tracking, residual, steps, l
     quantile = 0.9
     s1, s2, s3 = seed.spawn(3)
     stage1, cut1 = _critical_batch_curve(lambda T: _stage1_exit_success(T, c1, tracking, residual), Ts, s1, seeds,
-                                         64, max_batch, quantile)
+                                         64, max_batch, quantile, n_criteria=2)
     proximal, cut2 = _critical_batch_curve(lambda T: _stage2_success(T, steps, lam, target), Ts, s2, seeds, 64,
                                            max_batch, quantile)
     vanilla, cut3 = _critical_batch_curve(lambda T: _stage2_success(T, steps, 0.0, target), vanilla_Ts, s3, seeds,
