@@ -21,7 +21,8 @@ def figure(ncols: int = 1, nrows: int = 1, width: float = 4.8, height: float = 3
 
 
 def theory_line(ax, x, y, label="theory", **style):
-    ax.plot(x, y, label=label, **{**THEORY, **style})
+    aliases = {"ls": "linestyle", "lw": "linewidth", "c": "color"}  # so a short name overrides THEORY's long one
+    ax.plot(x, y, label=label, **{**THEORY, **{aliases.get(k, k): v for k, v in style.items()}})
 
 
 def simulation_points(ax, x, mean, standard_error=None, label="simulation", **style):
