@@ -74,3 +74,16 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_figure_that_fails_is_noted_and_the_report_still_written(tmp_path):
+    from validation.claims import CheckResult
+    from validation.report import write_report
+
+    def broken():
+        raise TypeError("bad plot")
+
+    result = CheckResult("fake.claim", "fake", "nowhere", "a statement", "PASS", {"x": 1.0}, {"x": 1.0}, "exact",
+                         "none", [], "", "quick", 0, 0.1, figure=broken)
+    report = write_report([result], tmp_path, seed=0, setting="quick").read_text()
+    assert "## fake.claim" in report and "could not be drawn: TypeError: bad plot" in report

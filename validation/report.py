@@ -118,8 +118,11 @@ def write_report(results: list[CheckResult], directory, *, seed: int, setting: s
             lines += ["", "```" if r.status == "ERROR" else "", r.notes, "```" if r.status == "ERROR" else ""]
         if r.figure is not None:
             path = figures / f"{r.name}.png"
-            r.figure().savefig(path, dpi=110)
-            lines += ["", f"![{r.name}](figures/{path.name})"]
+            try:
+                r.figure().savefig(path, dpi=110)
+                lines += ["", f"![{r.name}](figures/{path.name})"]
+            except Exception as error:  # a broken plot must not lose the numbers of every other claim
+                lines += ["", f"*The figure could not be drawn: {type(error).__name__}: {error}*"]
     report = directory / "report.md"
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return report
