@@ -345,21 +345,23 @@ def soft_threshold(x, theta):
 
 
 @njit(cache=True)
+def _mu_inner_kernel(A, B, mu):
+    """<A, B>_μ = Σ_k μ_k Σ_i A[i, k]B[i, k] (the kernel twin of :func:`mu_inner`)."""
+    total = 0.0
+    for k in range(A.shape[1]):
+        for i in range(A.shape[0]):
+            total += mu[k] * A[i, k] * B[i, k]
+    return total
+
+
+@njit(cache=True)
 def _population_map_kernel(V, Q, P, Q_star, mu, eta_V, eta_Q, lam):
     N, T = V.shape[0], Q.shape[0]
-    a = 0.0
-    b = 0.0
-    for k in range(N):
-        for t in range(T):
-            a += mu[k] * Q[t, k] * Q[t, k]
-            b += mu[k] * Q_star[t, k] * Q[t, k]
+    a = _mu_inner_kernel(Q, Q, mu)
+    b = _mu_inner_kernel(Q_star, Q, mu)
     Vmu = V @ mu
-    n_V = 0.0
-    p_V = 0.0
-    for k in range(N):
-        for i in range(N):
-            n_V += mu[k] * V[i, k] * V[i, k]
-            p_V += mu[k] * V[i, k] * P[i, k]
+    n_V = _mu_inner_kernel(V, V, mu)
+    p_V = _mu_inner_kernel(V, P, mu)
     A_V = n_V - Vmu @ Vmu
     B_V = p_V - Vmu @ mu
     V_new = np.empty_like(V)
