@@ -21,8 +21,8 @@ from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solv
 from .montecarlo import SeedLike, seed_sequence
 
 __all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "AlgorithmRun", "run_algorithm1",
-           "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "transfer_start", "transfer_step", "run_transfer",
-           "kernel_seed", "relative_errors"]
+           "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "rounding_threshold", "rounding_finds_supports",
+           "transfer_start", "transfer_step", "run_transfer", "kernel_seed", "relative_errors"]
 
 
 def kernel_seed(seed: SeedLike) -> int:
@@ -319,6 +319,17 @@ def _run_stage(problem, V, Q, stage: StageSettings, seed, offset, record_every):
     return rec, violations
 
 
+def rounding_threshold(problem: SCBProblem, alpha_Q: float, C: float = 2.0) -> float:
+    """θ₁ = (1 − α_Q)/T + α_Q/(2C·sparsity): midway between an off-support entry and the smallest support entry of
+    the line point at α_Q (spec §13 #10)."""
+    return (1 - alpha_Q) / problem.T + alpha_Q / (2 * C * problem.sparsity)
+
+
+def rounding_finds_supports(problem: SCBProblem, Q, alpha_Q: float, C: float = 2.0) -> bool:
+    """Whether rounding at θ₁ for ``alpha_Q`` keeps exactly the supports of Q* (Lemmas E.1–E.4's success)."""
+    return bool(np.array_equal(np.asarray(Q) >= rounding_threshold(problem, alpha_Q, C), problem.Q_star > 0))
+
+
 def _round_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
     """Zero the entries below ``threshold``, then project every column back to 1ᵀq = 1 (spec §6, rounding)."""
     Q = np.where(Q < threshold, 0.0, Q)
@@ -387,8 +398,7 @@ def run_stages_2_3(problem: SCBProblem, start, stage2: StageSettings, seed, *, a
     alpha_Q = check.real(alpha_Q, "alpha_Q")
     C = check.real(C, "C", minimum=1.0)
     V, Q = (np.array(m, dtype=float, order="C") for m in start)
-    theta1 = (1 - alpha_Q) / problem.T + alpha_Q / (2 * C * problem.sparsity)
-    Q[:] = _round_columns(Q, theta1)
+    Q[:] = _round_columns(Q, rounding_threshold(problem, alpha_Q, C))
     rec, vio = _run_stage(problem, V, Q, stage2, seed, offset, record_every)
     if theta3 is None:
         alpha_Q_end = float(rec[-1, 2])

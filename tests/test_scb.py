@@ -260,3 +260,12 @@ def test_related_transition_keeps_the_stationary_law_and_column_sums():
     for kwargs, message in [(dict(rho=0.0), "rho"), (dict(rho=1.5), "rho"), (dict(rho=0.5, noise=-1.0), "noise")]:
         with pytest.raises(ValueError, match=message):
             cf.related_transition(EXAMPLE, seed=0, **kwargs)
+
+
+def test_rounding_threshold_sits_midway_on_the_line_and_finds_the_supports_there():
+    _, Q = cf.line_point(EXAMPLE, 0.0, 0.6)
+    theta = dyn.rounding_threshold(EXAMPLE, 0.6)
+    q_min = EXAMPLE.Q_star[EXAMPLE.Q_star > 0].min()
+    assert 0.4 / EXAMPLE.T < theta < 0.6 * q_min + 0.4 / EXAMPLE.T
+    assert dyn.rounding_finds_supports(EXAMPLE, Q, 0.6)
+    assert not dyn.rounding_finds_supports(EXAMPLE, np.full_like(Q, 1 / EXAMPLE.T), 0.6)

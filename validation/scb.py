@@ -575,8 +575,6 @@ def _stage1_exit_success(T, c1, tracking, residual):
     line = dyn.line_trajectory(problem, ETA / problem.K_Q, ETA / problem.K_P, 1000)
     steps = int(np.argmax(line[:, 1] >= c1))
     alpha_V_pop, alpha_Q_pop = line[steps]
-    theta1 = (1 - alpha_Q_pop) / T + alpha_Q_pop / (2 * 2.0 * problem.sparsity)
-    support = problem.Q_star > 0
 
     def success(batch, seed):
         run = dyn.run_stage1(problem, dyn.StageSettings(steps, batch, ETA), seed, record_every=steps)
@@ -584,7 +582,7 @@ def _stage1_exit_success(T, c1, tracking, residual):
         exit_state = (abs(c["alpha_V"] / alpha_V_pop - 1) <= tracking and abs(c["alpha_Q"] / alpha_Q_pop - 1) <= tracking
                       and math.sqrt(c["e_V"] / problem.K_P) <= residual * c["alpha_V"]
                       and math.sqrt(c["e_Q"] / problem.K_Q) <= residual * c["alpha_Q"])
-        return exit_state, bool(np.array_equal(run.Q >= theta1, support))
+        return exit_state, dyn.rounding_finds_supports(problem, run.Q, alpha_Q_pop)
 
     return success
 
@@ -694,12 +692,10 @@ def _transfer_success(T, gamma, rho, tracking):
     of its population value 1 and rounding at θ₁ = 1/(2C·sparsity) (θ₁ at α_Q = 1) finds every support."""
     problem = _example(T=T)
     P_tilde = cf.related_transition(problem, rho, seed=0)  # P and Q*'s values do not depend on T
-    theta1 = 1.0 / (2 * 2.0 * problem.sparsity)
-    support = problem.Q_star > 0
 
     def success(batch, seed):
         _, Q, rec = dyn.transfer_step(problem, P_tilde, gamma, batch, seed)
-        return abs(float(rec[-1, 2]) - 1.0) <= tracking and bool(np.array_equal(Q >= theta1, support)),
+        return abs(float(rec[-1, 2]) - 1.0) <= tracking and dyn.rounding_finds_supports(problem, Q, 1.0),
 
     return success
 
