@@ -269,3 +269,10 @@ def test_rounding_threshold_sits_midway_on_the_line_and_finds_the_supports_there
     assert 0.4 / EXAMPLE.T < theta < 0.6 * q_min + 0.4 / EXAMPLE.T
     assert dyn.rounding_finds_supports(EXAMPLE, Q, 0.6)
     assert not dyn.rounding_finds_supports(EXAMPLE, np.full_like(Q, 1 / EXAMPLE.T), 0.6)
+
+
+def test_critical_batch_refuses_a_stage1_exit_level_the_line_never_reaches():
+    from validation.claims import run_claim, select
+
+    result = run_claim(select(["scb.critical_batch"])[0], seed=0, c1=1.5)
+    assert result.status == "ERROR" and "c1 must lie in (0, 1)" in result.notes

@@ -573,6 +573,8 @@ def _stage1_exit_success(T, c1, tracking, residual):
     ‖ΔV‖_μ/√K_P ≤ residual·α_V, ‖ΔQ‖_μ/√K_Q ≤ residual·α_Q — and rounding at θ₁ recovering every support."""
     problem = _example(T=T)
     line = dyn.line_trajectory(problem, ETA / problem.K_Q, ETA / problem.K_P, 1000)
+    if not (0 < c1 < 1) or not np.any(line[:, 1] >= c1):
+        raise ValueError(f"c1 must lie in (0, 1) and be reached by the population line within 1000 steps, got {c1}")
     steps = int(np.argmax(line[:, 1] >= c1))
     alpha_V_pop, alpha_Q_pop = line[steps]
 
