@@ -17,10 +17,10 @@ import numpy as np
 from numba import njit
 from scipy.integrate import solve_ivp
 
-import closed_forms.gd_beta as cf
-from closed_forms.gd_beta import GDBetaProblem
-from dynamics.gd_beta import _flow_dopri5
-from dynamics.integrate import dopri5_loop, solve_dopri5
+import attnflow.closed_forms.gd_beta as cf
+from attnflow.closed_forms.gd_beta import GDBetaProblem
+from attnflow.dynamics.gd_beta import flow_dopri5
+from attnflow.dynamics.integrate import dopri5_loop, solve_dopri5
 
 RTOL = ATOL = 1e-8
 
@@ -112,16 +112,16 @@ def main():
     start = time.perf_counter()
     flows = {}
     for d in (20, 5):
-        problem = GDBetaProblem.random(d, 40, 0, sigma2=0.5)
+        problem = GDBetaProblem.random(d, 40, seed=0, sigma2=0.5)
         y0 = np.zeros(d + d * d)
         params = cf.pack_flow_params(problem)
         t_eval = np.linspace(0.0, 30.0, 50)
-        sol = solve_dopri5(cf.gradient_flow_rhs, y0, t_eval, params, rtol=RTOL, atol=ATOL, loop=_flow_dopri5)
+        sol = solve_dopri5(cf.gradient_flow_rhs, y0, t_eval, params, rtol=RTOL, atol=ATOL, loop=flow_dopri5)
         if d == 20:
             print(f"cold start of the GD-β flow kernel (compile or cache load): {time.perf_counter() - start:.2f} s")
         flows[d] = run(f"GD-β gradient flow, d = {d} ({d + d * d} states), t ∈ [0, 30], "
                        f"{sol.n_rhs_evals} RHS evaluations",
-                       contenders(cf.gradient_flow_rhs, params, gd_beta_numpy_rhs(problem), y0, t_eval, _flow_dopri5),
+                       contenders(cf.gradient_flow_rhs, params, gd_beta_numpy_rhs(problem), y0, t_eval, flow_dopri5),
                        args.repeats)
     vdp = run("Van der Pol, μ = 1 (2 states), t ∈ [0, 20]",
               contenders(van_der_pol_rhs, np.array([1.0]), van_der_pol_numpy(1.0), np.array([2.0, 0.0]),

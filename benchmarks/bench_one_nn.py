@@ -15,8 +15,8 @@ import argparse
 import math
 import time
 
-from closed_forms import one_nn as cf
-from dynamics import one_nn as dyn
+from attnflow.closed_forms import one_nn as cf
+from attnflow.dynamics import one_nn as dyn
 
 TARGET = 1e-4
 

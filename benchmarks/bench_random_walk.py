@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from closed_forms import random_walk as cf
-from dynamics import random_walk as dyn
+from attnflow.closed_forms import random_walk as cf
+from attnflow.dynamics import random_walk as dyn
 
 
 def main():
@@ -38,7 +38,7 @@ def main():
     # warm-up (compile or cache load) outside the timings
     small = dyn.sample_paths(problem, 10, np.random.default_rng(1))
     dyn.reduced_trajectory(problem, small, 1)
-    dyn.full_gd_trajectory(problem, dyn.sample_sequences(problem, 10, np.random.default_rng(1)), 1)
+    dyn.full_gd_trajectory(problem, dyn.sample_sequences(problem, 10, np.random.default_rng(1)), 1, seed=0)
 
     times = {"reduced": [], "full": []}
     errors = {"reduced": [], "full": []}
@@ -50,7 +50,7 @@ def main():
         errors["reduced"].append(error(cf.circulant(run.states["v"][-1])))
         sequences = dyn.sample_sequences(problem, args.samples, np.random.default_rng(seeds[2 * r + 1]))
         start = time.perf_counter()
-        full = dyn.full_gd_trajectory(problem, sequences, args.steps, n_records=2)
+        full = dyn.full_gd_trajectory(problem, sequences, args.steps, seed=0, n_records=2)
         times["full"].append(time.perf_counter() - start)
         errors["full"].append(error(full.info["V"]))
     # the reduced trajectory also evaluates accuracy at its records; time only the map for a fair comparison

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from closed_forms import scb as cf
-from dynamics import scb as dyn
+from attnflow.closed_forms import scb as cf
+from attnflow.dynamics import scb as dyn
 
 
 def numpy_step(problem, V, Q, batch, rng, eta_V, eta_Q):
@@ -52,13 +52,11 @@ def main():
     for N, T in ((20, 64), (50, 128), (100, 256)):
         problem = cf.SCBProblem.random(N, T, 4, seed=0)
         stage = dyn.StageSettings(args.steps, args.batch, 0.25)
-        V, Q = (np.ascontiguousarray(m) for m in problem.initial_point())
-        dyn._run_stage(problem, V, Q, dyn.StageSettings(1, 16, 0.25), 0, 0, 1)  # compile or load the cache
+        dyn.run_stage(problem, problem.initial_point(), dyn.StageSettings(1, 16, 0.25), seed=0)  # compile or load
         numba_times, numpy_times = [], []
         for repeat in range(3):
-            V, Q = (np.ascontiguousarray(m) for m in problem.initial_point())
             start = time.perf_counter()
-            dyn._run_stage(problem, V, Q, stage, repeat, 0, args.steps)
+            dyn.run_stage(problem, problem.initial_point(), stage, seed=repeat, record_every=args.steps)
             numba_times.append(time.perf_counter() - start)
             V, Q = (np.array(m) for m in problem.initial_point())
             rng = np.random.default_rng(repeat)

@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 
-from validation.sweep import run_sweep
+from attnflow.validation.sweep import run_sweep
 
 
 def timed(label, tasks, sleep, workers, **kwargs):

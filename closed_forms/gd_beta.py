@@ -21,7 +21,8 @@ import numpy as np
 from numba import njit
 from scipy.optimize import minimize
 
-from . import validation as check
+from . import checks as check
+from .parameters import Parameter, parse_parameters
 from .linalg import numerical_rank, psd_eigh, psd_power, range_basis
 
 __all__ = [
@@ -62,6 +63,12 @@ __all__ = [
 # ==================================================================================================
 # Problem
 # ==================================================================================================
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """Cached arrays are shared by every caller, so none of them may write into one."""
+    array.setflags(write=False)
+    return array
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ class GDBetaProblem:
         return cls(H=h * np.eye(d), Psi=psi * np.eye(d), beta_star=beta_star, sigma2=sigma2, N=N)
 
     @classmethod
-    def random(cls, d: int, N: int, seed, *, sigma2: float = 0.5, beta_norm: float = 1.0,
+    def random(cls, d: int, N: int, *, seed, sigma2: float = 0.5, beta_norm: float = 1.0,
                rank_H: int | None = None, rank_Psi: int | None = None,
                spectrum: tuple[float, float] = (0.25, 1.0)) -> "GDBetaProblem":
         """A random instance: H and Ψ with eigenvalues uniform in ``spectrum`` under independent random
@@ -140,6 +147,43 @@ class GDBetaProblem:
         direction = rng.normal(size=d)
         beta_star = beta_norm * direction / np.linalg.norm(direction)
         return cls(H=random_psd(rank_H), Psi=random_psd(rank_Psi), beta_star=beta_star, sigma2=sigma2, N=N)
+
+    PARAMETERS = (
+        Parameter("d", "integer", None, "dimension (default 2, or the size of H or Psi)", minimum=1, maximum=1000),
+        Parameter("N", "integer", 10, "context length", minimum=1, maximum=100_000),
+        Parameter("sigma2", "real", 0.25, "noise variance σ²", minimum=0.0),
+        Parameter("H", "matrix", 1.0, "feature covariance: a scalar (·I), a comma list (diagonal) or rows 'a,b;c,d'"),
+        Parameter("Psi", "matrix", 1.0, "task covariance Ψ, in the same forms as H"),
+        Parameter("beta_star", "vector", None, "task mean β* as a comma list (default beta_norm·e₁)"),
+        Parameter("beta_norm", "real", 1.0, "‖β*‖ when beta_star is not given", minimum=0.0),
+    )
+
+    @classmethod
+    def from_params(cls, values) -> "GDBetaProblem":
+        """A problem from named text or values (``PARAMETERS``): H and Ψ as a scalar multiple of I, a diagonal
+        or a full matrix; β* given, or beta_norm·e₁."""
+        p = parse_parameters(cls.PARAMETERS, values, owner="gd_beta")
+        sizes = [np.shape(p[k])[0] for k in ("H", "Psi") if np.ndim(p[k]) > 0]
+        if p["beta_star"] is not None:
+            sizes.append(p["beta_star"].size)
+        d = p["d"] if p["d"] is not None else (sizes[0] if sizes else 2)
+
+        def matrix(name):
+            value = np.asarray(p[name], dtype=float)
+            if value.ndim == 0:
+                return float(value) * np.eye(d)
+            if value.ndim == 1:
+                if value.size != d:
+                    raise ValueError(f"{name} must have d = {d} diagonal entries, got {value.size}")
+                return np.diag(value)
+            return value
+
+        if p["beta_star"] is not None:
+            beta_star = p["beta_star"]
+        else:
+            beta_star = np.zeros(d)
+            beta_star[0] = p["beta_norm"]
+        return cls(H=matrix("H"), Psi=matrix("Psi"), beta_star=beta_star, sigma2=p["sigma2"], N=p["N"])
 
     def replace(self, **changes) -> "GDBetaProblem":
         fields = dict(H=self.H, Psi=self.Psi, beta_star=self.beta_star, sigma2=self.sigma2, N=self.N)
@@ -174,6 +218,28 @@ class GDBetaProblem:
     def psi(self) -> np.ndarray:
         """Eigenvalues ψ₁ >= … >= ψ_d >= 0 of Ψ̃."""
         return psd_eigh(self.Psi_tilde)[0][::-1].copy()
+
+    @cached_property
+    def H_range_basis(self) -> np.ndarray:
+        """Orthonormal basis (columns) of range(H), with the one rank cut-off of :mod:`linalg`."""
+        return _read_only(range_basis(self.H))
+
+    @cached_property
+    def H_range_projector(self) -> np.ndarray:
+        """P_R, the orthogonal projector onto range(H)."""
+        return _read_only(self.H_range_basis @ self.H_range_basis.T)
+
+    @cached_property
+    def Omega(self) -> np.ndarray:
+        """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (spec §3, probably the paper's (A.3))."""
+        return _read_only(_omega_of(self, self.Psi_tilde))
+
+    @cached_property
+    def Gamma_star(self) -> np.ndarray:
+        """Γ* = H^{+1/2} Ψ̃ Ω⁻¹ H^{+1/2}, Theorem 5.2 eq. (5.3)."""
+        self.require_optimum_defined()
+        Gamma = self.H_half_pinv @ (self.Psi_tilde @ np.linalg.inv(self.Omega)) @ self.H_half_pinv
+        return _read_only((Gamma + Gamma.T) / 2)
 
     @property
     def beta_norm_H(self) -> float:
@@ -243,16 +309,14 @@ def icl_risk(problem: GDBetaProblem, beta0, Gamma) -> np.ndarray:
 
 
 def omega(problem: GDBetaProblem) -> np.ndarray:
-    """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (spec §3, probably the paper's (A.3))."""
-    return _omega_of(problem, problem.Psi_tilde)
+    """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (spec §3, probably the paper's (A.3)); cached on the problem."""
+    return problem.Omega
 
 
 def optimal_gamma(problem: GDBetaProblem) -> np.ndarray:
-    """Γ* = H^{+1/2} Ψ̃ Ω⁻¹ H^{+1/2}, Theorem 5.2 eq. (5.3); symmetric PSD. Together with β₀* = β*."""
-    problem.require_optimum_defined()
-    gamma_tilde = problem.Psi_tilde @ np.linalg.inv(omega(problem))
-    Gamma = problem.H_half_pinv @ gamma_tilde @ problem.H_half_pinv
-    return (Gamma + Gamma.T) / 2
+    """Γ* = H^{+1/2} Ψ̃ Ω⁻¹ H^{+1/2}, Theorem 5.2 eq. (5.3); symmetric PSD. Together with β₀* = β*.
+    Cached on the problem (read-only)."""
+    return problem.Gamma_star
 
 
 def optimal_risk(problem: GDBetaProblem) -> float:
@@ -347,6 +411,19 @@ def gd_beta_predict(X, y, x_query, beta0, Gamma) -> np.ndarray:
     grad = np.einsum("...nd,...n->...d", X, X @ beta0 - y) / N
     beta_hat = beta0 - grad @ np.asarray(Gamma).T
     return np.einsum("...d,...d->...", x_query, beta_hat)
+
+
+def ltb_embedding(beta0, Gamma) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lemma 5.1: the LTB weights that compute GD-β with (β₀, Γ): U = e_{d+1}(β₀ᵀ, 0), V = e_{d+1}(−β₀ᵀ, 1),
+    K = [[Γᵀ, 0], [0, 0]], each (d+1) × (d+1); ``ltb_forward`` with them equals ``gd_beta_predict``."""
+    beta0 = check.finite_array(beta0, "beta0", ndim=1)
+    d = beta0.size
+    Gamma = check.finite_array(Gamma, "Gamma", shape=(d, d))
+    U, V, K = (np.zeros((d + 1, d + 1)) for _ in range(3))
+    U[d, :d] = beta0
+    V[d, :d], V[d, d] = -beta0, 1.0
+    K[:d, :d] = Gamma.T
+    return U, V, K
 
 
 def ltb_forward(E, U, V, K, *, mlp: bool = True) -> np.ndarray:
@@ -625,8 +702,7 @@ def unpack_flow_state(y, d: int) -> tuple[np.ndarray, np.ndarray]:
 def flow_limit(problem: GDBetaProblem, beta0_init, Gamma_init) -> tuple[np.ndarray, np.ndarray]:
     """Limit of the flow, Theorem 6.3 (spec §9): the null-space parts never move,
     β₀(∞) = P_R β* + P_N β₀(0), Γ(∞) = Γ* + (Γ(0) − P_R Γ(0) P_R), with P_R the projector on range(H)."""
-    basis = range_basis(problem.H)
-    P_R = basis @ basis.T
+    P_R = problem.H_range_projector
     P_N = np.eye(problem.d) - P_R
     G0 = np.asarray(Gamma_init, float)
     return P_R @ problem.beta_star + P_N @ np.asarray(beta0_init, float), optimal_gamma(problem) + G0 - P_R @ G0 @ P_R
@@ -651,7 +727,7 @@ class LocalRates:
 
 def local_rates(problem: GDBetaProblem) -> LocalRates:
     problem.require_optimum_defined()
-    basis = range_basis(problem.H)
+    basis = problem.H_range_basis
     if basis.shape[1] == 0:
         raise ValueError("H must be non-zero for the gradient flow to move")
     B = beta_curvature(problem, optimal_gamma(problem))

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from . import validation as check
+from . import checks as check
+from .parameters import Parameter, parse_parameters
 
 __all__ = ["GroupSparseProblem", "first_step_v", "attention_weights", "position_only_terms",
            "position_only_step", "position_only_flow_rhs", "pack_position_only_params", "asymptotic_loss_constant", "symmetric_coordinates"]
@@ -61,6 +62,18 @@ class GroupSparseProblem:
         v = np.zeros(check.integer(d, "d", minimum=1))
         v[0] = 1.0
         return cls(d, D, j_star, v, sigma_x)
+
+    PARAMETERS = (
+        Parameter("d", "integer", 4, "features per group", minimum=1, maximum=10_000),
+        Parameter("D", "integer", 6, "groups", minimum=2, maximum=10_000),
+        Parameter("j_star", "integer", 2, "the relevant group (1-based)", minimum=1),
+        Parameter("sigma_x", "real", 1.0, "feature scale σ_x", minimum=0.0, strict=True),
+    )
+
+    @classmethod
+    def from_params(cls, values) -> "GroupSparseProblem":
+        """The standard problem (v* = e₁) from named text or values (``PARAMETERS``)."""
+        return cls.standard(**parse_parameters(cls.PARAMETERS, values, owner="group_sparse"))
 
     @property
     def star(self) -> int:

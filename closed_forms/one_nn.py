@@ -24,7 +24,8 @@ from numba import njit
 from scipy import integrate, special
 from scipy import stats as scipy_stats
 
-from . import validation as check
+from . import checks as check
+from .parameters import Parameter, parse_parameters
 
 __all__ = ["OneNNProblem", "t_density", "ReducedLoss", "reduced_loss", "reduced_loss_on_grid",
            "reduced_loss_adaptive", "reduced_gd_step", "reduced_flow_rhs", "pack_reduced_params",
@@ -75,6 +76,17 @@ class OneNNProblem:
         object.__setattr__(self, "d", check.integer(self.d, "d", minimum=2))
         object.__setattr__(self, "N", check.integer(self.N, "N", minimum=1))
         object.__setattr__(self, "sigma", check.real(self.sigma, "sigma", minimum=0.0))
+
+    PARAMETERS = (
+        Parameter("d", "integer", 4, "dimension of the sphere S^{d−1} the tokens live on", minimum=2, maximum=1000),
+        Parameter("N", "integer", 16, "context length", minimum=1, maximum=100_000),
+        Parameter("sigma", "real", 10.0, "initial query mask σ (W⁽⁰⁾ = diag(0, …, 0, −σ))", minimum=0.0),
+    )
+
+    @classmethod
+    def from_params(cls, values) -> "OneNNProblem":
+        """A problem from named text or values (``PARAMETERS``)."""
+        return cls(**parse_parameters(cls.PARAMETERS, values, owner="one_nn"))
 
 
 def _log_B(d: int) -> float:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from . import validation as check
+from . import checks as check
+from .parameters import Parameter, parse_parameters
 
 __all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
            "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "reduced_losses", "accuracies", "step_one_v", "one_hot_map",
@@ -52,6 +53,20 @@ class RandomWalkProblem:
         object.__setattr__(self, "p", check.real(self.p, "p", minimum=0.0, maximum=1.0))
         object.__setattr__(self, "eps", check.real(self.eps, "eps", minimum=0.0, strict=True))
         object.__setattr__(self, "eta", check.real(self.eta, "eta", minimum=0.0, strict=True))
+
+    PARAMETERS = (
+        Parameter("K", "integer", 6, "nodes on the circle", minimum=3, maximum=10_000),
+        Parameter("N", "integer", 13, "sequence length (N − 1 tokens and the target)", minimum=2, maximum=100_000),
+        Parameter("p", "real", 0.7, "probability of a step forward", minimum=0.0, maximum=1.0),
+        Parameter("M", "integer", 1000, "positional dimension (> N)", minimum=3, maximum=1_000_000),
+        Parameter("eps", "real", 0.1, "loss offset ε", minimum=0.0, strict=True),
+        Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True),
+    )
+
+    @classmethod
+    def from_params(cls, values) -> "RandomWalkProblem":
+        """A problem from named text or values (``PARAMETERS``)."""
+        return cls(**parse_parameters(cls.PARAMETERS, values, owner="random_walk"))
 
     @property
     def P_norm(self) -> float:

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numba import njit
 
-from . import validation as check
+from . import checks as check
+from .parameters import Parameter, parse_parameters
 
 __all__ = ["SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_statistics", "population_risk",
            "raw_gradients", "preconditioned_gradients", "reduced_coordinates", "line_point", "line_map_step",
            "closure_map_step", "reduced_risk", "normalised_flow_rhs", "pack_line_params", "least_squares_V",
-           "stage1_duration", "slow_mode_rate", "population_map_step", "soft_threshold", "proximal_family_step",
+           "stage1_duration", "slow_mode_rate", "population_map_step", "population_map", "relative_distance",
+           "off_support_spread", "transfer_start", "transfer_overlap", "transfer_step_size", "soft_threshold", "proximal_family_step",
            "STOCHASTIC_TOLERANCE"]
 
 # Column sums and stationarity are checked to this absolute tolerance.
@@ -80,7 +83,7 @@ class SCBProblem:
         object.__setattr__(self, "mu", mu)
 
     @classmethod
-    def random(cls, N: int, T: int, sparsity: int, seed, C: float = 2.0) -> "SCBProblem":
+    def random(cls, N: int, T: int, sparsity: int, *, seed, C: float = 2.0) -> "SCBProblem":
         """The paper's random instance (spec §11): P with Dirichlet(1) columns, Q* with exactly ``sparsity``
         nonzeros per column at random positions, each at least 1/(C·sparsity) (Assumption 2.1(b))."""
         N = check.integer(N, "N", minimum=2)
@@ -98,6 +101,20 @@ class SCBProblem:
             Q_star[support, k] = floor + (1 - sparsity * floor) * rng.dirichlet(np.ones(sparsity))
         return cls(P, Q_star, sparsity)
 
+    PARAMETERS = (
+        Parameter("N", "integer", 5, "vocabulary size", minimum=2, maximum=2000),
+        Parameter("T", "integer", 8, "context length", minimum=1, maximum=100_000),
+        Parameter("sparsity", "integer", 2, "nonzeros per column of Q* (the Q of the paper)", minimum=1),
+        Parameter("C", "real", 2.0, "support entries of Q* are at least 1/(C·sparsity)", minimum=1.0),
+        Parameter("instance_seed", "integer", 0, "seed of the random instance (P, Q*)", minimum=0),
+    )
+
+    @classmethod
+    def from_params(cls, values) -> "SCBProblem":
+        """The paper's random instance (:meth:`random`) from named text or values (``PARAMETERS``)."""
+        p = parse_parameters(cls.PARAMETERS, values, owner="scb")
+        return cls.random(p["N"], p["T"], p["sparsity"], seed=p["instance_seed"], C=p["C"])
+
     @property
     def N(self) -> int:
         return self.P.shape[0]
@@ -106,32 +123,32 @@ class SCBProblem:
     def T(self) -> int:
         return self.Q_star.shape[0]
 
-    @property
+    @cached_property
     def K_P(self) -> float:
         """K_P = ‖P‖²_μ − ‖μ‖² = ‖P − μ1ᵀ‖²_μ (spec §1)."""
         return mu_norm2(self, self.P) - float(self.mu @ self.mu)
 
-    @property
+    @cached_property
     def kappa(self) -> float:
         """κ = ‖Q*‖²_μ."""
         return mu_norm2(self, self.Q_star)
 
-    @property
+    @cached_property
     def K_Q(self) -> float:
         """K_Q = κ − 1/T = ‖Q* − (1/T)11ᵀ‖²_μ (spec §1)."""
         return self.kappa - 1.0 / self.T
 
-    @property
+    @cached_property
     def epsilon(self) -> float:
         """ε = 1/(T·K_Q), the Stage-1 drift of the normalised map (spec §8.3)."""
         return 1.0 / (self.T * self.K_Q)
 
-    @property
+    @cached_property
     def bayes_risk(self) -> float:
         """R* = ½(1 − ‖μ‖² − κK_P) = R(P, Q*) (spec §4)."""
         return 0.5 * (1.0 - float(self.mu @ self.mu) - self.kappa * self.K_P)
 
-    @property
+    @cached_property
     def initial_risk(self) -> float:
         """R₀ = ½(1 − ‖μ‖²), the risk of predicting μ (V₀ = μ1ᵀ); R₀ − R* = ½κK_P."""
         return 0.5 * (1.0 - float(self.mu @ self.mu))
@@ -301,7 +318,7 @@ def least_squares_V(problem: SCBProblem, Q) -> np.ndarray:
     return V0 + s["b"] / s["a"] * (problem.P - V0)
 
 
-def related_transition(problem: SCBProblem, rho: float, seed, noise: float = 0.1) -> np.ndarray:
+def related_transition(problem: SCBProblem, rho: float, *, seed, noise: float = 0.1) -> np.ndarray:
     """A pretrained value layer from a related task (spec §6, transfer): P̃ = μ1ᵀ + ρ(P − μ1ᵀ) + Δ, with Δ a
     Gaussian (scale ``noise``) projected so that 1ᵀP̃ = 1ᵀ and P̃μ = μ. Its overlap <P̃ − μ1ᵀ, P − μ1ᵀ>_μ is
     ρK_P plus a term of size ``noise``."""
@@ -389,6 +406,60 @@ def population_map_step(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, l
     eta_Q = check.real(eta_Q, "eta_Q", minimum=0.0, strict=True)
     lam = check.real(lam, "lam", minimum=0.0)
     return _population_map_kernel(V.copy(), Q.copy(), problem.P, problem.Q_star, problem.mu, eta_V, eta_Q, lam)
+
+
+def population_map(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, lam: float = 0.0, *, steps: int):
+    """``steps`` iterations of :func:`population_map_step` from (V, Q); returns the final (V, Q)."""
+    steps = check.integer(steps, "steps", minimum=0)
+    for _ in range(steps):
+        V, Q = population_map_step(problem, V, Q, eta_V, eta_Q, lam)
+    return V, Q
+
+
+def relative_distance(problem: SCBProblem, state, reference) -> float:
+    """√(‖V − V_ref‖²_μ/K_P + ‖Q − Q_ref‖²_μ/K_Q): the distance of two (V, Q) pairs in the units of spec §13 #16."""
+    (V, Q), (V_ref, Q_ref) = state, reference
+    return math.sqrt(mu_norm2(problem, np.asarray(V) - V_ref) / problem.K_P
+                     + mu_norm2(problem, np.asarray(Q) - Q_ref) / problem.K_Q)
+
+
+def off_support_spread(problem: SCBProblem, Q) -> float:
+    """Σ_k μ_k Σ_{t ∉ S_k} (q_t⁽ᵏ⁾ − mean_off)²: the μ-weighted spread of the attention entries off the true
+    supports around their column mean (the proximal step makes them all equal, the affine projection's b₀)."""
+    Q = _check_Q(problem, Q)
+    off_support = problem.Q_star == 0
+    total = 0.0
+    for k in range(problem.N):
+        values = Q[off_support[:, k], k]
+        total += problem.mu[k] * float(np.sum((values - values.mean()) ** 2)) if values.size else 0.0
+    return total
+
+
+def transfer_start(problem: SCBProblem, P_tilde, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(V₀, Q₀) = (μ1ᵀ + γ(P̃ − μ1ᵀ), (1/T)11ᵀ): the transfer initialisation of spec §6 (needs P̃μ = μ)."""
+    P_tilde = check.finite_array(P_tilde, "P_tilde", shape=(problem.N, problem.N))
+    if np.abs(P_tilde @ problem.mu - problem.mu).max() > 1e-9:
+        raise ValueError("P_tilde must have the task's stationary law: P_tilde @ mu == mu")
+    gamma = check.real(gamma, "gamma", minimum=0.0, strict=True, maximum=1.0)
+    base = np.outer(problem.mu, np.ones(problem.N))
+    return base + gamma * (P_tilde - base), np.full((problem.T, problem.N), 1.0 / problem.T)
+
+
+def transfer_overlap(problem: SCBProblem, P_tilde) -> float:
+    """<P̃ − μ1ᵀ, P − μ1ᵀ>_μ: how much of the task's signal the related task's transition matrix carries."""
+    P_tilde = check.finite_array(P_tilde, "P_tilde", shape=(problem.N, problem.N))
+    base = np.outer(problem.mu, np.ones(problem.N))
+    return mu_inner(problem, P_tilde - base, problem.P - base)
+
+
+def transfer_step_size(problem: SCBProblem, P_tilde, gamma: float) -> float:
+    """η₀ = 1/(γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ): the Q-step that lands the population exactly at α_Q = 1 (Theorem 4.1,
+    spec §13 #12)."""
+    gamma = check.real(gamma, "gamma", minimum=0.0, strict=True, maximum=1.0)
+    overlap = transfer_overlap(problem, P_tilde)
+    if overlap <= 0:
+        raise ValueError("P_tilde must be positively correlated with P (<P_tilde − μ1ᵀ, P − μ1ᵀ>_μ > 0)")
+    return 1.0 / (gamma * overlap)
 
 
 def proximal_family_step(problem: SCBProblem, state, eta_V: float, eta_Q: float, lam: float) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-__all__ = ["scb_line_system", "latex"]
+__all__ = ["scb_line_system", "scb_latex"]
 
 
 def scb_line_system() -> dict:
@@ -29,10 +29,8 @@ def scb_line_system() -> dict:
                 risk=risk, map=(step_V, step_Q), flow=(flow_V, flow_Q))
 
 
-def latex(system: str) -> str:
-    """LaTeX of a system's symbolic derivation; only ``scb`` has one."""
-    if system.replace("-", "_") != "scb":
-        raise ValueError(f"no symbolic derivation for system {system!r} (available: scb)")
+def scb_latex() -> str:
+    """LaTeX of the SCB line system: the reduced risk, the map (eq. 7) and the normalised flow (eq. 8)."""
     s = scb_line_system()
     plus_V, plus_Q = sp.Symbol(r"\alpha_V^{+}"), sp.Symbol(r"\alpha_Q^{+}")
     lines = [

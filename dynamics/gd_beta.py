@@ -9,12 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from closed_forms import gd_beta as cf
-from closed_forms.gd_beta import GDBetaProblem
-from closed_forms import validation as check
+from attnflow.closed_forms import gd_beta as cf
+from attnflow.closed_forms.gd_beta import GDBetaProblem
+from attnflow.closed_forms import checks as check
 
 from .integrate import DivergenceError, dopri5_loop, solve_dopri5
-from .montecarlo import MonteCarloMean, SeedLike, Trajectory, generators, monte_carlo_mean, seed_sequence
+from attnflow.seeding import SeedLike, generators
+
+from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean
 
 __all__ = [
     "Prompts",
@@ -27,7 +29,7 @@ __all__ = [
     "make_model",
     "minibatch_gradient",
     "minibatch_trajectory",
-]
+ "population", "minibatch"]
 
 
 # ==================================================================================================
@@ -69,17 +71,17 @@ def token_matrices(prompts: Prompts) -> np.ndarray:
     return E
 
 
-def monte_carlo_risk(problem: GDBetaProblem, predict, n: int, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
+def monte_carlo_risk(problem: GDBetaProblem, predict, n: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
     """Brute-force ICL risk E(f(E) − y_q)² (3.5) of ``predict(prompts) -> (m,)`` over n fresh prompts."""
 
     def squared_errors(rng, m):
         prompts = sample_prompts(problem, m, rng)
         return (predict(prompts) - prompts.y_query) ** 2
 
-    return monte_carlo_mean(squared_errors, n, seed, chunk)
+    return monte_carlo_mean(squared_errors, n, seed=seed, chunk=chunk)
 
 
-def bayes_risk(problem: GDBetaProblem, n_contexts: int, seed: SeedLike, chunk: int = 20_000) -> MonteCarloMean:
+def bayes_risk(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, chunk: int = 20_000) -> MonteCarloMean:
     """Bayes risk σ² + E_X tr(Σ(I + X̃ᵀX̃/σ²)⁻¹) (Lemma 6.1, spec §7), averaging over contexts X only.
 
     The conditional expectation over β, ε, x_q is exact, so the standard error is small (spec: 4·10⁴
@@ -91,7 +93,7 @@ def bayes_risk(problem: GDBetaProblem, n_contexts: int, seed: SeedLike, chunk: i
         X = rng.standard_normal((m, N, d)) @ problem.H_half
         return problem.sigma2 + cf.bayes_conditional_excess(problem, X)
 
-    return monte_carlo_mean(conditional, n_contexts, seed, chunk)
+    return monte_carlo_mean(conditional, n_contexts, seed=seed, chunk=chunk)
 
 
 # ==================================================================================================
@@ -100,7 +102,8 @@ def bayes_risk(problem: GDBetaProblem, n_contexts: int, seed: SeedLike, chunk: i
 
 
 @njit(cache=True)
-def _flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+def flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    """The DOPRI5 loop bound to the GD-β flow (6.1), for ``solve_dopri5(..., loop=flow_dopri5)``."""
     return dopri5_loop(cf.gradient_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
@@ -124,7 +127,7 @@ def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_e
     n_points = check.integer(n_points, "n_points", minimum=2)
     times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
     sol = solve_dopri5(cf.gradient_flow_rhs, cf.flow_state(beta0, Gamma), times, cf.pack_flow_params(problem),
-                       rtol=rtol, atol=atol, loop=_flow_dopri5)
+                       rtol=rtol, atol=atol, loop=flow_dopri5)
     betas, Gammas = cf.unpack_flow_state(sol.y, d)
     beta_inf, Gamma_inf = cf.flow_limit(problem, beta0, Gamma)
     risk = cf.icl_risk(problem, betas, Gammas)
@@ -430,7 +433,7 @@ VALUE_INITS = ("label_copy", "random")
 OPTIMIZERS = {"adam": _Adam, "sgd": _SGD}
 
 
-def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, steps: int, seed: SeedLike, *,
+def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, steps: int, *, seed: SeedLike,
                          lr: float = 0.05, optimizer: str = "adam", record_every: int | None = None,
                          init_scale: float = 0.3, width: int | None = None,
                          value_init: str = "label_copy") -> Trajectory:
@@ -465,7 +468,7 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
     lr = check.real(lr, "lr", minimum=0.0, strict=True)
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
     record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)
-    init_rng, data_rng = generators(seed_sequence(seed), 2)
+    init_rng, data_rng = generators(seed, 2)
     net = make_model(model, problem, init_rng, init_scale, width, value_init)
     opt = OPTIMIZERS[optimizer](net.params, lr, steps)
     times, risks, losses, states = [0], [net.risk()], [np.nan], [net.state()]
@@ -488,3 +491,19 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
                       metrics=dict(risk=np.array(risks), batch_loss=np.array(losses)),
                       info=dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, steps=steps,
                                 value_init=value_init, init_scale=init_scale))
+
+
+# ==================================================================================================
+# The System contract: population(problem, **options) and minibatch(problem, *, seed, **options)
+# ==================================================================================================
+
+
+def population(problem: GDBetaProblem, *, t_end: float | None = None, n_points: int = 200) -> Trajectory:
+    """The gradient flow (6.1) from (0, 0): :func:`population_trajectory`."""
+    return population_trajectory(problem, t_end=t_end, n_points=n_points)
+
+
+def minibatch(problem: GDBetaProblem, *, seed: SeedLike, model: str = "gd_beta", batch_size: int = 128,
+              steps: int = 1000, lr: float = 0.05, optimizer: str = "adam") -> Trajectory:
+    """Training on fresh prompts, one batch per step: :func:`minibatch_trajectory`."""
+    return minibatch_trajectory(problem, model, batch_size, steps, seed=seed, lr=lr, optimizer=optimizer)

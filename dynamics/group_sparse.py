@@ -13,15 +13,17 @@ import math
 import numpy as np
 from numba import njit
 
-from closed_forms import group_sparse as cf
-from closed_forms import validation as check
-from closed_forms.group_sparse import GroupSparseProblem
+from attnflow.closed_forms import group_sparse as cf
+from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.group_sparse import GroupSparseProblem
 
 from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solve_dopri5
-from .montecarlo import SeedLike, Trajectory, seed_sequence
+from attnflow.seeding import SeedLike, as_seed_sequence
+
+from .montecarlo import Trajectory
 
 __all__ = ["sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "position_only_flow", "attention_on_star",
-           "attention_matrix"]
+           "attention_matrix", "population", "minibatch"]
 
 
 def sample_data(problem: GroupSparseProblem, n: int, rng: np.random.Generator, *, symmetrise: bool = False):
@@ -155,7 +157,7 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     steps = check.integer(steps, "steps", minimum=1)
     batch_size = check.integer(batch_size, "batch_size", minimum=1)
-    root = seed_sequence(seed)
+    root = as_seed_sequence(seed)
     data_seed, eval_seed = root.spawn(2)
     rng = np.random.default_rng(data_seed)
     X_eval, _ = sample_data(problem, check.integer(n_eval, "n_eval", minimum=1), np.random.default_rng(eval_seed))
@@ -320,3 +322,20 @@ def linear_error(X, y, w) -> float:
     X, y = _check_samples(X, y)
     w = check.finite_array(w, "w", shape=(X.shape[1] * X.shape[2],))
     return float(np.mean(y * (X.reshape(len(X), -1) @ w) <= 0))
+
+
+# ==================================================================================================
+# The System contract: population(problem, **options) and minibatch(problem, *, seed, **options)
+# ==================================================================================================
+
+
+def population(problem: GroupSparseProblem, *, eta: float = 1.0, steps: int = 6000, n_records: int = 60) -> Trajectory:
+    """The position-only (β, α) map of spec §6 from (0, 0): :func:`position_only_trajectory`."""
+    return position_only_trajectory(problem, eta, steps, n_records=n_records)
+
+
+def minibatch(problem: GroupSparseProblem, *, seed: SeedLike, eta: float = 1.0, steps: int = 20,
+              batch_size: int = 3000, position_only: bool = False, n_records: int = 30) -> Trajectory:
+    """GD on (v, W) with a fresh symmetrised batch per step: :func:`full_gd_trajectory`."""
+    return full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=seed, position_only=position_only,
+                              n_records=n_records)

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from .errors import DivergenceError
+
 __all__ = [
     "DivergenceError",
     "Solution",
@@ -94,10 +96,6 @@ _DP_D = (
     -1453857185 / 822651844,
     69997945 / 29380423,
 )
-
-
-class DivergenceError(FloatingPointError):
-    """An integration or simulation left the finite, bounded region; the message names the step."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""Seeding, Monte-Carlo means and the Trajectory record shared by every system's simulator.
+"""Monte-Carlo means and the Trajectory record shared by every system's simulator.
 
-Every random quantity flows from an explicit seed through ``numpy.random.SeedSequence``: a replicate,
-worker or task gets ``SeedSequence(seed).spawn(k)[i]``, so results do not depend on how work is split.
+Seeds come from :mod:`attnflow.seeding`; a chunk, replicate or worker gets its own child SeedSequence, so results
+do not depend on how work is split.
 """
 from __future__ import annotations
 
@@ -9,23 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SeedLike", "seed_sequence", "generators", "MonteCarloMean", "monte_carlo_mean", "Trajectory"]
+from attnflow.seeding import SeedLike, generators
 
-SeedLike = int | np.random.SeedSequence | None
-
-
-def seed_sequence(seed: SeedLike) -> np.random.SeedSequence:
-    """A SeedSequence from an int (>= 0) or a SeedSequence; ``None`` is refused (results must be reproducible)."""
-    if isinstance(seed, np.random.SeedSequence):
-        return seed
-    if seed is None or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer or a numpy SeedSequence, got {seed!r}")
-    return np.random.SeedSequence(int(seed))
-
-
-def generators(seed: SeedLike, count: int) -> list[np.random.Generator]:
-    """``count`` independent generators spawned from ``seed`` (replicate i always gets child i)."""
-    return [np.random.default_rng(child) for child in seed_sequence(seed).spawn(count)]
+__all__ = ["MonteCarloMean", "monte_carlo_mean", "Trajectory"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +30,7 @@ class MonteCarloMean:
         return diff / self.standard_error
 
 
-def monte_carlo_mean(draw, n: int, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
+def monte_carlo_mean(draw, n: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
     """Mean and standard error of ``draw(rng, m) -> ndarray (m,)`` over ``n`` samples, in chunks of ``chunk``.
 
     Chunk i uses generator i spawned from ``seed`` so memory stays bounded and results are reproducible.
@@ -76,14 +62,18 @@ class Trajectory:
         Parameters or reduced coordinates, each with leading axis n_t (e.g. ``beta0`` (n_t, d)).
     metrics : dict[str, ndarray]
         Named scalar series of shape (n_t,) (loss, distance to the optimum, …).
+    final : dict[str, ndarray]
+        The parameters at the end of the run, for algorithms that record metrics along the way but keep only the
+        last parameters (SCB's (V, Q) after Algorithm 1).
     info : dict
-        Anything else worth keeping (solver cost, seed, settings).
+        Anything else worth keeping (solver cost, stage boundaries, samples used, settings).
     """
 
     times: np.ndarray
     states: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    final: dict = field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.times)
@@ -91,3 +81,9 @@ class Trajectory:
             for name, values in kind.items():
                 if len(values) != n:
                     raise ValueError(f"{name} has {len(values)} records, expected {n}")
+
+    def last(self, metric: str) -> float:
+        """The final value of a metric; an unknown name is a ``ValueError`` listing the recorded ones."""
+        if metric not in self.metrics:
+            raise ValueError(f"no metric {metric!r} in this trajectory (it records {sorted(self.metrics)})")
+        return float(self.metrics[metric][-1])

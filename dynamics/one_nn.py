@@ -13,16 +13,18 @@ import numpy as np
 
 from numba import njit
 
-from closed_forms import one_nn as cf
-from closed_forms import validation as check
-from closed_forms.one_nn import OneNNProblem
+from attnflow.closed_forms import one_nn as cf
+from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.one_nn import OneNNProblem
 
 from .integrate import DivergenceError, iterate_map, map_loop, rk4_loop, solve_rk4
-from .montecarlo import MonteCarloMean, SeedLike, Trajectory, generators
+from attnflow.seeding import SeedLike, generators
+
+from .montecarlo import MonteCarloMean, Trajectory
 
 __all__ = ["Prompts", "sample_prompts", "token_matrices", "manifold_weight", "per_prompt_loss_and_gradient",
            "monte_carlo_loss", "reduced_trajectory", "flow_trajectory", "full_gd_trajectory",
-           "sample_shifted_prompts", "shifted_test_loss"]
+           "sample_shifted_prompts", "shifted_test_loss", "population", "minibatch"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def per_prompt_loss_and_gradient(prompts: Prompts, W: np.ndarray):
     return 0.5 * residual**2, gradient
 
 
-def monte_carlo_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, seed: SeedLike,
+def monte_carlo_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, *, seed: SeedLike,
                      chunk: int = 20_000) -> dict[str, MonteCarloMean]:
     """Brute-force MC of L, ∂L/∂ξ₁ = tr(∂L/∂W₁₁) and ∂L/∂ξ₂ = −∂L/∂W₃₃ at W = diag(ξ₁I, 0, −ξ₂) (spec §4)."""
     n = check.integer(n, "n", minimum=2)
@@ -182,7 +184,7 @@ def _manifold_projection(W: np.ndarray, d: int) -> np.ndarray:
     return manifold_weight(d, np.trace(W[:d, :d]) / d, -W[d + 1, d + 1])
 
 
-def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size: int, seed: SeedLike, *,
+def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size: int, *, seed: SeedLike,
                        n_records: int = 50) -> Trajectory:
     """GD on the full W ∈ R^{(d+2)×(d+2)} from diag(0, …, 0, −σ), each step on a fresh batch of prompts.
 
@@ -240,7 +242,7 @@ def sample_shifted_prompts(problem: OneNNProblem, n: int, delta: float, rng) -> 
     return Prompts(X=X, x_query=x_query, y=rng.standard_normal((n, problem.N))), nearest
 
 
-def shifted_test_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, delta: float, seed: SeedLike):
+def shifted_test_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, delta: float, *, seed: SeedLike):
     """Test loss ½E(f − y_{i*})² on shifted prompts at W = diag(ξ₁I, 0, −ξ₂), and the mean of the per-prompt
     mechanism bound ½(e^{−ξ₁δ/2} Σ_{j≠i*}|y_j − y_{i*}| + e^{−ξ₂}|y_{i*}|)² (spec §8: S_j/S_{i*} <= e^{−ξ₁δ/2}
     for j ≠ i*, S_q/S_{i*} = e^{−ξ₂}). Returns (loss, bound) as MonteCarloMeans."""
@@ -256,3 +258,19 @@ def shifted_test_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, del
         return MonteCarloMean(float(values.mean()), float(values.std(ddof=1) / np.sqrt(n)), n)
 
     return mean(loss), mean(bound)
+
+
+# ==================================================================================================
+# The System contract: population(problem, **options) and minibatch(problem, *, seed, **options)
+# ==================================================================================================
+
+
+def population(problem: OneNNProblem, *, eta: float = 200.0, steps: int = 300, n_records: int = 100) -> Trajectory:
+    """Reduced GD on (ξ₁, ξ₂) with quadrature expectations: :func:`reduced_trajectory`."""
+    return reduced_trajectory(problem, eta, steps, n_records=n_records)
+
+
+def minibatch(problem: OneNNProblem, *, seed: SeedLike, eta: float = 1.5, steps: int = 60, batch_size: int = 256,
+              n_records: int = 50) -> Trajectory:
+    """GD on the full W with a fresh batch of prompts per step: :func:`full_gd_trajectory`."""
+    return full_gd_trajectory(problem, eta, steps, batch_size, seed=seed, n_records=n_records)

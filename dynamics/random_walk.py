@@ -11,15 +11,17 @@ import math
 import numpy as np
 from numba import njit
 
-from closed_forms import random_walk as cf
-from closed_forms import validation as check
-from closed_forms.random_walk import Paths, RandomWalkProblem
+from attnflow.closed_forms import random_walk as cf
+from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.random_walk import Paths, RandomWalkProblem
 
 from .integrate import DivergenceError, iterate_map, map_loop
-from .montecarlo import SeedLike, Trajectory, seed_sequence
+from attnflow.seeding import SeedLike, as_seed_sequence, spawn
+
+from .montecarlo import Trajectory
 
 __all__ = ["sample_paths", "reduced_trajectory", "Sequences", "population_sequences", "sample_sequences",
-           "full_gd_trajectory", "full_accuracy"]
+           "full_gd_trajectory", "full_accuracy", "population", "minibatch"]
 
 
 def sample_paths(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Paths:
@@ -212,7 +214,7 @@ def positional_embeddings_cached(problem: RandomWalkProblem) -> np.ndarray:
 
 
 def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: int, *, init_scale: float = 0.0,
-                       seed: SeedLike = 0, n_records: int | None = None) -> Trajectory:
+                       seed: SeedLike, n_records: int | None = None) -> Trajectory:
     """GD on the full (V, W) over ``sequences`` (weighted), from zero or N(0, init_scale²) entries.
 
     Records V (K, K), the weighted mean attention (N,) and the loss before the step at each recorded step; the
@@ -226,7 +228,7 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
                          f"got shape {states.shape}")
     if sequences.weights.shape != (states.shape[0],) or np.any(sequences.weights < 0):
         raise ValueError("sequences.weights must be non-negative, one per sequence")
-    rng = np.random.default_rng(seed_sequence(seed))
+    rng = np.random.default_rng(as_seed_sequence(seed))
     size = problem.K + problem.M
     V = init_scale * rng.standard_normal((problem.K, problem.K))
     W = init_scale * rng.standard_normal((size, size))
@@ -239,3 +241,24 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
         raise DivergenceError(f"full GD diverged at step {failed}: f_y + eps <= 0 or a non-finite V")
     return Trajectory(times=record.astype(float), states=dict(V=V_rec, attention=S_rec), metrics=dict(loss=loss_rec),
                       info=dict(W=W, V=V))
+
+
+# ==================================================================================================
+# The System contract: population(problem, **options) and minibatch(problem, *, seed, **options)
+# ==================================================================================================
+
+
+def population(problem: RandomWalkProblem, *, steps: int = 400, n_records: int | None = 60) -> Trajectory:
+    """The reduced (v, z) map over every step path, exactly (:func:`closed_forms.random_walk.enumerate_paths`,
+    N − 1 <= 20 steps): :func:`reduced_trajectory`."""
+    return reduced_trajectory(problem, cf.enumerate_paths(problem), steps, n_records=n_records)
+
+
+def minibatch(problem: RandomWalkProblem, *, seed: SeedLike, steps: int = 400, n_sequences: int = 2000,
+              init_scale: float = 0.0, n_records: int | None = 60) -> Trajectory:
+    """GD on the full (V, W) over ``n_sequences`` sampled sequences (the paper's finite training set):
+    :func:`full_gd_trajectory`. The sequences and the initialisation take separate children of ``seed``."""
+    n_sequences = check.integer(n_sequences, "n_sequences", minimum=1)
+    data_seed, init_seed = spawn(seed, 2)
+    sequences = sample_sequences(problem, n_sequences, np.random.default_rng(data_seed))
+    return full_gd_trajectory(problem, sequences, steps, init_scale=init_scale, seed=init_seed, n_records=n_records)

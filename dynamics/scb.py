@@ -8,26 +8,25 @@ determined by its seed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
 
-from closed_forms import scb as cf
-from closed_forms import validation as check
-from closed_forms.scb import SCBProblem
+from attnflow.closed_forms import scb as cf
+from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.scb import SCBProblem
 
-from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solve_dopri5
-from .montecarlo import SeedLike, seed_sequence
+from attnflow.seeding import SeedLike, kernel_seed, spawn
 
-__all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "AlgorithmRun", "run_algorithm1",
+from .errors import DivergenceError, StageFailure
+from .integrate import dopri5_loop, iterate_map, map_loop, solve_dopri5
+from .montecarlo import Trajectory
+
+__all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "run_stage", "run_algorithm1",
            "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "rounding_threshold", "rounding_finds_supports",
-           "transfer_start", "transfer_step", "run_transfer", "kernel_seed", "relative_errors"]
-
-
-def kernel_seed(seed: SeedLike) -> int:
-    """A 63-bit seed for numba's generator, drawn from a SeedSequence (reproducible, worker-independent)."""
-    return int(seed_sequence(seed).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
+           "transfer_step", "run_transfer", "relative_errors",
+           "round_columns", "round_to_supports", "RECORD_NAMES", "BLOWUP", "population", "minibatch", "ETA"]
 
 
 def _cdfs(problem: SCBProblem):
@@ -135,7 +134,7 @@ def _batch_gradients(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, batch, want_raw):
     return loss / batch, G_V / batch, G_Q / batch, raw_V / batch, raw_Q / batch
 
 
-def minibatch_gradients(problem: SCBProblem, V, Q, batch: int, seed: SeedLike, *, raw: bool = True) -> dict:
+def minibatch_gradients(problem: SCBProblem, V, Q, batch: int, *, seed: SeedLike, raw: bool = True) -> dict:
     """Loss and gradients averaged over ``batch`` fresh samples of the raw data model (for tests and diagnostics)."""
     V = check.finite_array(V, "V", shape=(problem.N, problem.N))
     Q = check.finite_array(Q, "Q", shape=(problem.T, problem.N))
@@ -165,13 +164,19 @@ def _line_loop(x0, n_steps, record_steps, params, blowup):
     return map_loop(cf.line_map_step, x0, n_steps, record_steps, params, blowup)
 
 
-def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int, x0=(0.0, 0.0)):
-    """The population map on the line (eq. 7) from (α_V, α_Q) = x0, every step recorded: returns (steps+1, 2)."""
+def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int, x0=(0.0, 0.0)) -> Trajectory:
+    """The population map on the line (eq. 7) from (α_V, α_Q) = x0, every step recorded.
+
+    Metrics ``alpha_V``, ``alpha_Q`` and the reduced ``risk`` (spec §8.2) against the step; states ``alpha``
+    (steps + 1, 2)."""
     steps = check.integer(steps, "steps", minimum=0)
     x0 = check.finite_array(x0, "x0", shape=(2,))
     sol = iterate_map(cf.line_map_step, x0, steps, cf.pack_line_params(problem, eta_V, eta_Q),
                       loop=_line_loop)
-    return sol.y
+    alpha_V, alpha_Q = sol.y[:, 0].copy(), sol.y[:, 1].copy()
+    return Trajectory(times=np.arange(steps + 1, dtype=float), states=dict(alpha=sol.y),
+                      metrics=dict(alpha_V=alpha_V, alpha_Q=alpha_Q, risk=cf.reduced_risk(problem, alpha_V, alpha_Q)),
+                      info=dict(eta_V=float(eta_V), eta_Q=float(eta_Q)))
 
 
 @njit(cache=True)
@@ -179,11 +184,15 @@ def _flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blow
     return dopri5_loop(cf.normalised_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
-def normalised_flow(epsilon: float, x0, taus, *, rtol: float = 1e-10, atol: float = 1e-13) -> np.ndarray:
-    """The normalised gradient flow of spec §8.3 from x0 = (α_V, α_Q), at the times ``taus`` (DOPRI5); (n, 2)."""
+def normalised_flow(epsilon: float, x0, taus, *, rtol: float = 1e-10, atol: float = 1e-13) -> Trajectory:
+    """The normalised gradient flow of spec §8.3 from x0 = (α_V, α_Q) at the times ``taus`` (DOPRI5): metrics
+    ``alpha_V`` and ``alpha_Q`` against τ, states ``alpha`` (n, 2)."""
     epsilon = check.real(epsilon, "epsilon", minimum=0.0)
-    return solve_dopri5(cf.normalised_flow_rhs, np.asarray(x0, float), taus, [epsilon], t0=0.0, rtol=rtol, atol=atol,
-                        loop=_flow_dopri5).y
+    sol = solve_dopri5(cf.normalised_flow_rhs, np.asarray(x0, float), taus, [epsilon], t0=0.0, rtol=rtol, atol=atol,
+                       loop=_flow_dopri5)
+    return Trajectory(times=np.asarray(sol.t, float), states=dict(alpha=sol.y),
+                      metrics=dict(alpha_V=sol.y[:, 0].copy(), alpha_Q=sol.y[:, 1].copy()),
+                      info=dict(n_rhs_evals=sol.n_rhs_evals))
 
 
 # ==================================================================================================
@@ -287,23 +296,30 @@ class StageSettings:
             object.__setattr__(self, "eta_V", check.real(self.eta_V, "eta_V", minimum=0.0))
 
 
-@dataclass
-class AlgorithmRun:
-    """Records of every stage (rows of RECORD_NAMES, step counted from the start of the run), the final (V, Q),
-    the stage boundaries and the count of soft-threshold violations (entries below −η_Qλ, spec §13 #4)."""
-
-    records: np.ndarray
-    V: np.ndarray
-    Q: np.ndarray
-    boundaries: list = field(default_factory=list)
-    violations: int = 0
-    samples: int = 0
-
-    def series(self, name: str) -> np.ndarray:
-        return self.records[:, RECORD_NAMES.index(name)]
+def _as_trajectory(records: np.ndarray, V, Q, *, boundaries, violations: int, samples: int) -> Trajectory:
+    """A Trajectory from kernel records (rows of RECORD_NAMES): the step as time, the other columns as named
+    metrics, the final (V, Q) in ``final``, and the stage boundaries, soft-threshold violations (entries below
+    −η_Qλ, spec §13 #4) and samples used in ``info``."""
+    return Trajectory(times=records[:, 0].copy(),
+                      metrics={name: records[:, i].copy() for i, name in enumerate(RECORD_NAMES) if i},
+                      final=dict(V=V, Q=Q),
+                      info=dict(boundaries=list(boundaries), violations=int(violations), samples=int(samples)))
 
 
-def _run_stage(problem, V, Q, stage: StageSettings, seed, offset, record_every):
+def _records(run: Trajectory) -> np.ndarray:
+    return np.column_stack([run.times] + [run.metrics[name] for name in RECORD_NAMES[1:]])
+
+
+def _joined(runs: list[Trajectory], V, Q) -> Trajectory:
+    """Consecutive runs as one Trajectory ending at (V, Q)."""
+    return _as_trajectory(np.concatenate([_records(r) for r in runs]), V, Q,
+                          boundaries=[b for r in runs for b in r.info["boundaries"]],
+                          violations=sum(r.info["violations"] for r in runs),
+                          samples=sum(r.info["samples"] for r in runs))
+
+
+def _stage_in_place(problem, V, Q, stage: StageSettings, seed, offset, record_every):
+    """Run ``stage`` on (V, Q) in place; returns (records, soft-threshold violations)."""
     mu_cdf, Qs_cdf, P_cdf = _cdfs(problem)
     eta_V = stage.eta_V if stage.eta_V is not None else stage.eta / problem.K_Q
     eta_Q = stage.eta / problem.K_P
@@ -319,6 +335,27 @@ def _run_stage(problem, V, Q, stage: StageSettings, seed, offset, record_every):
     return rec, violations
 
 
+def _start_matrices(problem: SCBProblem, start) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh C-ordered float copies of ``start`` = (V, Q), checked for shape and finiteness."""
+    if not isinstance(start, (tuple, list)) or len(start) != 2:
+        raise ValueError("start must be a pair (V, Q)")
+    V = np.array(check.finite_array(start[0], "V", shape=(problem.N, problem.N)), dtype=float, order="C")
+    Q = np.array(check.finite_array(start[1], "Q", shape=(problem.T, problem.N)), dtype=float, order="C")
+    return V, Q
+
+
+def run_stage(problem: SCBProblem, start, stage: StageSettings, *, seed: SeedLike, offset: int = 0,
+              record_every: int = 5) -> Trajectory:
+    """One stage of Algorithm 1 (spec §6) from ``start`` = (V, Q), which is not modified: ``stage.steps``
+    preconditioned minibatch steps, projected, with the soft threshold when λ > 0. Steps are counted from
+    ``offset``; the final (V, Q) are in ``final``."""
+    V, Q = _start_matrices(problem, start)
+    offset = check.integer(offset, "offset", minimum=0)
+    record_every = check.integer(record_every, "record_every", minimum=1)
+    rec, violations = _stage_in_place(problem, V, Q, stage, seed, offset, record_every)
+    return _as_trajectory(rec, V, Q, boundaries=[], violations=violations, samples=stage.steps * stage.batch)
+
+
 def rounding_threshold(problem: SCBProblem, alpha_Q: float, C: float = 2.0) -> float:
     """θ₁ = (1 − α_Q)/T + α_Q/(2C·sparsity): midway between an off-support entry and the smallest support entry of
     the line point at α_Q (spec §13 #10)."""
@@ -330,15 +367,21 @@ def rounding_finds_supports(problem: SCBProblem, Q, alpha_Q: float, C: float = 2
     return bool(np.array_equal(np.asarray(Q) >= rounding_threshold(problem, alpha_Q, C), problem.Q_star > 0))
 
 
-def _round_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
-    """Zero the entries below ``threshold``, then project every column back to 1ᵀq = 1 (spec §6, rounding)."""
-    Q = np.where(Q < threshold, 0.0, Q)
+def _project_columns(Q: np.ndarray) -> np.ndarray:
+    """The affine projection onto 1ᵀq = 1, column by column."""
     return Q + (1.0 - Q.sum(axis=0)) / Q.shape[0]
 
 
-class StageFailure(RuntimeError):
-    """A run ended in a state the next stage cannot start from (it lost the attention signal): not a bad input,
-    an outcome — the critical-batch search counts it as a failure at that batch."""
+def round_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
+    """Zero the entries below ``threshold``, then project every column back to 1ᵀq = 1 (spec §6, rounding)."""
+    return _project_columns(np.where(Q < threshold, 0.0, Q))
+
+
+def round_to_supports(problem: SCBProblem, Q) -> np.ndarray:
+    """Rounding that keeps exactly the supports of Q* (what a successful rounding does, Lemmas E.1–E.4), then the
+    column projection: the oracle entry point of Stage 2."""
+    Q = check.finite_array(Q, "Q", shape=(problem.T, problem.N))
+    return _project_columns(np.where(problem.Q_star > 0, Q, 0.0))
 
 
 def _normalise_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
@@ -351,74 +394,71 @@ def _normalise_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
     return kept / sums
 
 
-def run_algorithm1(problem: SCBProblem, stage1: StageSettings, stage2: StageSettings, stage3: StageSettings, seed,
-                   *, c1: float | None = None, C: float = 2.0, theta3: float | None = None,
-                   least_squares_V: bool = False, record_every: int = 5) -> AlgorithmRun:
+def run_algorithm1(problem: SCBProblem, stage1: StageSettings, stage2: StageSettings, stage3: StageSettings, *,
+                   seed: SeedLike, c1: float | None = None, C: float = 2.0, theta3: float | None = None,
+                   least_squares_V: bool = False, record_every: int = 5) -> Trajectory:
     """Algorithm 1 (spec §6) on real minibatches from V₀ = μ1ᵀ, Q₀ = (1/T)11ᵀ.
 
     Stage 1 (λ = 0) → rounding at θ₁ = (1 − c₁)/T + c₁/(2C·sparsity), with c₁ the α_Q reached (an oracle
     read-out, spec §13 #9–10; pass ``c1`` to fix it) → Stage 2 (λ > 0) → normalisation at θ₃ (default
     ½·min nonzero of Q*·α_Q, the spec §11 default) → Stage 3 (V alone), or V = V_LS(Q) with ``least_squares_V``.
+    The Trajectory's metrics are RECORD_NAMES[1:] against the step; ``info['boundaries']`` marks the stages.
     """
     if c1 is not None:
         c1 = check.real(c1, "c1", minimum=0.0, strict=True)
-    seeds = seed_sequence(seed).spawn(3)
-    first = run_stage1(problem, stage1, seeds[0], record_every=record_every)
-    alpha_Q = float(first.records[-1, 2]) if c1 is None else c1
-    rest = run_stages_2_3(problem, (first.V, first.Q), stage2, seeds[1], alpha_Q=alpha_Q, C=C, theta3=theta3,
-                          least_squares_V=least_squares_V, offset=stage1.steps, record_every=record_every)
-    records = [first.records, rest.records]
-    samples = first.samples + rest.samples
-    V, Q = rest.V, rest.Q
+    seeds = spawn(seed, 3)
+    first = run_stage1(problem, stage1, seed=seeds[0], record_every=record_every)
+    alpha_Q = first.last("alpha_Q") if c1 is None else c1
+    rest = run_stages_2_3(problem, (first.final["V"], first.final["Q"]), stage2, seed=seeds[1], alpha_Q=alpha_Q, C=C,
+                          theta3=theta3, least_squares_V=least_squares_V, offset=stage1.steps,
+                          record_every=record_every)
+    runs = [first, rest]
     if not least_squares_V:
         frozen = StageSettings(stage3.steps, stage3.batch, stage3.eta, 0.0, False, stage3.eta_V)
-        rec, _ = _run_stage(problem, V, Q, frozen, seeds[2], stage1.steps + stage2.steps, record_every)
-        records.append(rec)
-        samples += stage3.steps * stage3.batch
-    return AlgorithmRun(records=np.concatenate(records), V=V, Q=Q, boundaries=first.boundaries + rest.boundaries,
-                        violations=first.violations + rest.violations, samples=samples)
+        runs.append(run_stage(problem, (rest.final["V"], rest.final["Q"]), frozen, seed=seeds[2],
+                              offset=stage1.steps + stage2.steps, record_every=record_every))
+    return _joined(runs, runs[-1].final["V"], runs[-1].final["Q"])
 
 
-def run_sgd(problem: SCBProblem, stage: StageSettings, seed, *, start=None, offset: int = 0,
-            record_every: int = 5) -> AlgorithmRun:
+def run_sgd(problem: SCBProblem, stage: StageSettings, *, seed: SeedLike, start=None, offset: int = 0,
+            record_every: int = 5) -> Trajectory:
     """The baseline of spec §13 #14: the same preconditioned projected update with λ = 0 and no rounding, from
     (V₀, Q₀) or from ``start`` = (V, Q) (e.g. the state after a shared Stage 1)."""
-    V, Q = (np.array(m, dtype=float, order="C") for m in (start or problem.initial_point()))
     plain = StageSettings(stage.steps, stage.batch, stage.eta, 0.0, True, stage.eta_V)
-    rec, vio = _run_stage(problem, V, Q, plain, seed, offset, record_every)
-    return AlgorithmRun(records=rec, V=V, Q=Q, boundaries=[], violations=vio, samples=stage.steps * stage.batch)
+    return run_stage(problem, start or problem.initial_point(), plain, seed=seed, offset=offset,
+                     record_every=record_every)
 
 
-def run_stages_2_3(problem: SCBProblem, start, stage2: StageSettings, seed, *, alpha_Q: float, C: float = 2.0,
-                   theta3: float | None = None, least_squares_V: bool = True, offset: int = 0,
-                   record_every: int = 5) -> AlgorithmRun:
+def run_stages_2_3(problem: SCBProblem, start, stage2: StageSettings, *, seed: SeedLike, alpha_Q: float,
+                   C: float = 2.0, theta3: float | None = None, least_squares_V: bool = True, offset: int = 0,
+                   record_every: int = 5) -> Trajectory:
     """Rounding at θ₁ = (1 − α_Q)/T + α_Q/(2C·sparsity) (for the α_Q reached), proximal Stage 2, normalisation at
     θ₃ (default ½α_Q·min q*, with the α_Q after Stage 2) and, with ``least_squares_V``, V = V_LS(Q) (the paper's
     experiment variant of Stage 3), from ``start`` = (V, Q) after Stage 1."""
     alpha_Q = check.real(alpha_Q, "alpha_Q")
     C = check.real(C, "C", minimum=1.0)
-    V, Q = (np.array(m, dtype=float, order="C") for m in start)
-    Q[:] = _round_columns(Q, rounding_threshold(problem, alpha_Q, C))
-    rec, vio = _run_stage(problem, V, Q, stage2, seed, offset, record_every)
+    V, Q = _start_matrices(problem, start)
+    Q = round_columns(Q, rounding_threshold(problem, alpha_Q, C))
+    run = run_stage(problem, (V, Q), stage2, seed=seed, offset=offset, record_every=record_every)
+    V, Q = run.final["V"], run.final["Q"]
     if theta3 is None:
-        alpha_Q_end = float(rec[-1, 2])
+        alpha_Q_end = run.last("alpha_Q")
         if alpha_Q_end <= 0:
             raise StageFailure(f"Stage 2 ended at alpha_Q = {alpha_Q_end:.3g} <= 0, so the default theta_3 = "
                                "½·alpha_Q·min q* is not positive: the run lost the attention signal (batch too small?)")
         theta3 = 0.5 * alpha_Q_end * problem.Q_star[problem.Q_star > 0].min()
-    Q[:] = _normalise_columns(Q, check.real(theta3, "theta3", minimum=0.0, strict=True))
+    Q = _normalise_columns(Q, check.real(theta3, "theta3", minimum=0.0, strict=True))
     if least_squares_V:
-        V[:] = cf.least_squares_V(problem, Q)
-    return AlgorithmRun(records=rec, V=V, Q=Q, boundaries=[offset + stage2.steps], violations=vio,
-                        samples=stage2.steps * stage2.batch)
+        V = cf.least_squares_V(problem, Q)
+    run.info["boundaries"] = [offset + stage2.steps]
+    return replace(run, final=dict(V=V, Q=Q))
 
 
-def run_stage1(problem: SCBProblem, stage1: StageSettings, seed, *, record_every: int = 5) -> AlgorithmRun:
+def run_stage1(problem: SCBProblem, stage1: StageSettings, *, seed: SeedLike, record_every: int = 5) -> Trajectory:
     """Stage 1 alone (λ = 0) from (V₀, Q₀)."""
-    V, Q = (np.ascontiguousarray(m) for m in problem.initial_point())
-    rec, vio = _run_stage(problem, V, Q, stage1, seed, 0, record_every)
-    return AlgorithmRun(records=rec, V=V, Q=Q, boundaries=[stage1.steps], violations=vio,
-                        samples=stage1.steps * stage1.batch)
+    run = run_stage(problem, problem.initial_point(), stage1, seed=seed, record_every=record_every)
+    run.info["boundaries"] = [stage1.steps]
+    return run
 
 
 def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
@@ -427,41 +467,45 @@ def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
             math.sqrt(cf.mu_norm2(problem, np.asarray(Q) - problem.Q_star) / problem.K_Q))
 
 
-def transfer_start(problem: SCBProblem, P_tilde, gamma: float) -> tuple[np.ndarray, np.ndarray]:
-    """(V₀, Q₀) = (μ1ᵀ + γ(P̃ − μ1ᵀ), (1/T)11ᵀ): the transfer initialisation of spec §6 (needs P̃μ = μ)."""
-    P_tilde = check.finite_array(P_tilde, "P_tilde", shape=(problem.N, problem.N))
-    if np.abs(P_tilde @ problem.mu - problem.mu).max() > 1e-9:
-        raise ValueError("P_tilde must have the task's stationary law: P_tilde @ mu == mu")
-    gamma = check.real(gamma, "gamma", minimum=0.0, strict=True, maximum=1.0)
-    base = np.outer(problem.mu, np.ones(problem.N))
-    return base + gamma * (P_tilde - base), np.full((problem.T, problem.N), 1.0 / problem.T)
-
-
-def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, seed):
+def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, *, seed: SeedLike) -> Trajectory:
     """The first move of transfer learning (Theorem 4.1, spec §6): from the pretrained value layer, one Q-step of
-    size η₀ = 1/(γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ) on a batch of ``batch0`` with V untouched (in the population it lands
-    exactly at α_Q = 1). Returns (V, Q, records of the step)."""
+    size η₀ (:func:`closed_forms.scb.transfer_step_size`) on a batch of ``batch0`` with V untouched (in the population it lands
+    exactly at α_Q = 1). Returns the one-step Trajectory; (V, Q) after it are in ``final``."""
     batch0 = check.integer(batch0, "batch0", minimum=1)
-    V, Q = transfer_start(problem, P_tilde, gamma)
-    V, Q = np.ascontiguousarray(V), np.ascontiguousarray(Q)
-    base = np.outer(problem.mu, np.ones(problem.N))
-    overlap = cf.mu_inner(problem, np.asarray(P_tilde) - base, problem.P - base)
-    if overlap <= 0:
-        raise ValueError("P_tilde must be positively correlated with P (<P_tilde − μ1ᵀ, P − μ1ᵀ>_μ > 0)")
-    eta0 = 1.0 / (gamma * overlap)
+    start = cf.transfer_start(problem, P_tilde, gamma)
+    eta0 = cf.transfer_step_size(problem, P_tilde, gamma)
     step = StageSettings(1, batch0, eta0 * problem.K_P, 0.0, True, eta_V=0.0)  # η_Q = η₀; V is not moved
-    rec, _ = _run_stage(problem, V, Q, step, seed, 0, 1)
-    return V, Q, rec
+    return run_stage(problem, start, step, seed=seed, record_every=1)
 
 
-def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2: StageSettings, seed, *,
-                 C: float = 2.0, record_every: int = 5) -> AlgorithmRun:
+def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2: StageSettings, *, seed: SeedLike,
+                 C: float = 2.0, record_every: int = 5) -> Trajectory:
     """Transfer learning (Theorem 4.1, spec §6) on minibatches: :func:`transfer_step`, then round, Stage 2,
-    normalise and V_LS (:func:`run_stages_2_3`). ``samples`` counts every sample used."""
-    first, second = seed_sequence(seed).spawn(2)
-    V, Q, rec = transfer_step(problem, P_tilde, gamma, batch0, first)
-    run = run_stages_2_3(problem, (V, Q), stage2, second, alpha_Q=float(rec[-1, 2]), C=C, offset=1,
-                         record_every=record_every)
-    run.records = np.concatenate([rec, run.records])
-    run.samples += batch0
-    return run
+    normalise and V_LS (:func:`run_stages_2_3`). ``info['samples']`` counts every sample used."""
+    first, second = spawn(seed, 2)
+    step = transfer_step(problem, P_tilde, gamma, batch0, seed=first)
+    rest = run_stages_2_3(problem, (step.final["V"], step.final["Q"]), stage2, seed=second,
+                          alpha_Q=step.last("alpha_Q"), C=C, offset=1, record_every=record_every)
+    return _joined([step, rest], rest.final["V"], rest.final["Q"])
+
+
+# ==================================================================================================
+# The System contract: population(problem, **options) and minibatch(problem, *, seed, **options)
+# ==================================================================================================
+
+ETA = 0.25  # the normalised step of spec §11
+
+
+def population(problem: SCBProblem, *, eta: float = ETA, steps: int = 100) -> Trajectory:
+    """The population map on the line (eq. 7) with η_V = η/K_Q, η_Q = η/K_P: :func:`line_trajectory`."""
+    eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    return line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps)
+
+
+def minibatch(problem: SCBProblem, *, seed: SeedLike, eta: float = ETA, lam: float = 0.01, stage1_steps: int = 40,
+              stage1_batch: int = 8000, stage2_steps: int = 150, stage2_batch: int = 2000, stage3_steps: int = 80,
+              stage3_batch: int = 4000) -> Trajectory:
+    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in spec §11."""
+    return run_algorithm1(problem, StageSettings(stage1_steps, stage1_batch, eta),
+                          StageSettings(stage2_steps, stage2_batch, eta, lam=lam),
+                          StageSettings(stage3_steps, stage3_batch, eta, eta_V=0.1 / problem.K_Q), seed=seed)

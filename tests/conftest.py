@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from validation.stats import Z_TOLERANCE
+from attnflow.validation.stats import Z_TOLERANCE
 
 
 def assert_within_standard_errors(measured_mean, standard_error, predicted, k=Z_TOLERANCE):

@@ -9,7 +9,7 @@ FAST_CLAIMS = ["gd_beta.risk_formula", "gd-beta.bayes_factor_needs_bounded_snr"]
 
 
 def attnflow(*args, check_exit=None):
-    result = subprocess.run([sys.executable, "-m", "validation.cli", *args], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "attnflow.validation.cli", *args], capture_output=True, text=True,
                             timeout=600)
     if check_exit is not None:
         assert result.returncode == check_exit, result.stderr
@@ -41,7 +41,7 @@ def test_check_table_and_report(tmp_path):
 
 
 def test_list_names_every_claim():
-    from validation.claims import registry
+    from attnflow.validation.systems import registry
 
     out = attnflow("list", check_exit=0).stdout
     for name in registry():
@@ -51,8 +51,10 @@ def test_list_names_every_claim():
 def test_solve_gd_beta_json_and_plot(tmp_path):
     out = attnflow("solve", "gd-beta", "--param", "N=10", "--param", "sigma2=0.25", "--param", "bayes_contexts=2000",
                    "--json", "--plot", str(tmp_path / "f.png"), check_exit=0).stdout
-    summary = json.loads(out)
-    assert summary["R* optimal GD-β risk (Thm 5.2)"] == pytest.approx(0.7405660377, abs=1e-9)
+    document = json.loads(out)
+    assert document["schema"] == "attnflow.solve/1" and document["system"] == "gd_beta"
+    assert document["values"]["R* optimal GD-β risk (Thm 5.2)"] == pytest.approx(0.7405660377, abs=1e-9)
+    assert document["values"]["population: final excess_risk"] < 1e-8
     assert (tmp_path / "f.png").exists()
 
 
@@ -63,9 +65,14 @@ def test_solve_gd_beta_json_and_plot(tmp_path):
         (["check", "--seed", "-1"], "--seed must be a non-negative integer"),
         (["solve", "gd-beta", "--param", "H=1,-1"], "H must be positive semi-definite"),
         (["solve", "gd-beta", "--param", "N=0"], "N must be >= 1"),
-        (["solve", "gd-beta", "--param", "sigma2=abc"], "parameter sigma2 must be a number"),
-        (["solve", "gd-beta", "--param", "colour=3"], "unknown gd-beta parameter"),
-        (["solve", "one-nn"], "unknown system 'one-nn'"),
+        (["solve", "gd-beta", "--param", "sigma2=abc"], "parameter sigma2 must be a real number"),
+        (["solve", "gd-beta", "--param", "colour=3"], "unknown gd_beta parameter(s) ['colour']"),
+        (["simulate", "scb", "--param", "steps=3"], "unknown scb parameter(s) ['steps']"),
+        (["solve", "gd-beta", "--param", "N=2.5"], "parameter N must be an integer"),
+        (["solve", "gd-beta", "--param", "N=inf"], "parameter N must be finite"),
+        (["solve", "gd-beta", "--param", "N=3", "--param", "N=4"], "--param N is given twice"),
+        (["solve", "one-nn", "--latex"], "system one_nn has no symbolic derivation"),
+        (["solve", "nope"], "unknown system 'nope'"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -77,8 +84,8 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
 
 
 def test_a_figure_that_fails_is_noted_and_the_report_still_written(tmp_path):
-    from validation.claims import CheckResult
-    from validation.report import write_report
+    from attnflow.validation.claims import CheckResult
+    from attnflow.validation.report import write_report
 
     def broken():
         raise TypeError("bad plot")

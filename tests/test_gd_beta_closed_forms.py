@@ -3,10 +3,10 @@ spec's independently computed values (shared/theory/gd_beta.md)."""
 import numpy as np
 import pytest
 
-import closed_forms.gd_beta as cf
-from closed_forms.gd_beta import GDBetaProblem
-from dynamics import gd_beta as dyn
-from dynamics.montecarlo import monte_carlo_mean
+import attnflow.closed_forms.gd_beta as cf
+from attnflow.closed_forms.gd_beta import GDBetaProblem
+from attnflow.dynamics import gd_beta as dyn
+from attnflow.dynamics.montecarlo import monte_carlo_mean
 
 from .conftest import assert_within_standard_errors
 
@@ -18,7 +18,7 @@ INSTANCES = {
 
 
 def random_problem(kind, seed=1, d=3, N=7, **kw):
-    return GDBetaProblem.random(d, N, seed, sigma2=0.4, beta_norm=1.3, **INSTANCES[kind], **kw)
+    return GDBetaProblem.random(d, N, seed=seed, sigma2=0.4, beta_norm=1.3, **INSTANCES[kind], **kw)
 
 
 # ---- validation ---------------------------------------------------------------------------------------
@@ -55,12 +55,12 @@ def test_optimum_needs_noise_or_signal():
 
 
 def test_random_instances_have_requested_ranks_and_bounded_spectrum():
-    problem = GDBetaProblem.random(4, 5, 0, rank_H=2, rank_Psi=3, spectrum=(0.5, 2.0))
+    problem = GDBetaProblem.random(4, 5, seed=0, rank_H=2, rank_Psi=3, spectrum=(0.5, 2.0))
     eig_H = np.linalg.eigvalsh(problem.H)
     assert np.sum(eig_H > 1e-12) == 2 and eig_H.max() <= 2.0 + 1e-12
     assert np.sum(np.linalg.eigvalsh(problem.Psi) > 1e-12) == 3
     with pytest.raises(ValueError, match="rank_H"):
-        GDBetaProblem.random(2, 5, 0, rank_H=3)
+        GDBetaProblem.random(2, 5, seed=0, rank_H=3)
 
 
 # ---- §3: the risk -------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def test_icl_risk_matches_brute_force_monte_carlo(kind):
     problem = random_problem(kind)
     rng = np.random.default_rng(7)
     beta0, Gamma = rng.normal(size=3), rng.normal(size=(3, 3)) / 3  # Γ need not be symmetric
-    mc = dyn.monte_carlo_risk(problem, lambda p: cf.gd_beta_predict(p.X, p.y, p.x_query, beta0, Gamma), 200_000, 11)
+    mc = dyn.monte_carlo_risk(problem, lambda p: cf.gd_beta_predict(p.X, p.y, p.x_query, beta0, Gamma), 200_000, seed=11)
     assert_within_standard_errors(mc.mean, mc.standard_error, cf.icl_risk(problem, beta0, Gamma))
 
 
@@ -216,7 +216,7 @@ def _features(problem, prompts, a, b, constant):
 @pytest.mark.parametrize("constant", [False, True])
 @pytest.mark.parametrize("kind", ["full rank", "singular Psi"])
 def test_readout_moments_match_monte_carlo(constant, kind):
-    problem = GDBetaProblem.random(2, 5, 3, sigma2=0.3, beta_norm=1.0, **({"rank_Psi": 1} if kind != "full rank" else {}))
+    problem = GDBetaProblem.random(2, 5, seed=3, sigma2=0.3, beta_norm=1.0, **({"rank_Psi": 1} if kind != "full rank" else {}))
     a, b = np.array([0.4, -0.7]), 0.8
     P, C, Xi = cf.readout_moments(problem, a, b, constant=constant)
     prompts = dyn.sample_prompts(problem, 400_000, np.random.default_rng(17))
@@ -231,19 +231,19 @@ def test_readout_moments_match_monte_carlo(constant, kind):
 
 
 def test_readout_risk_matches_monte_carlo():
-    problem = GDBetaProblem.random(2, 6, 4, sigma2=0.3, beta_norm=1.5)
+    problem = GDBetaProblem.random(2, 6, seed=4, sigma2=0.3, beta_norm=1.5)
     rng = np.random.default_rng(9)
     c, a, b, Q, q = rng.normal(size=2), rng.normal(size=2), 0.7, rng.normal(size=(2, 2)), rng.normal(size=2) / 3
     W = np.column_stack([c, Q.T, q])
     exact = cf.readout_risk(problem, a, b, W, constant=True)
-    mc = dyn.monte_carlo_risk(problem, lambda p: cf.ltb_reduced_predict(p.X, p.y, p.x_query, c, a, b, Q, q), 300_000, 2)
+    mc = dyn.monte_carlo_risk(problem, lambda p: cf.ltb_reduced_predict(p.X, p.y, p.x_query, c, a, b, Q, q), 300_000, seed=2)
     assert_within_standard_errors(mc.mean, mc.standard_error, exact)
 
 
 @pytest.mark.parametrize("mlp", [True, False])
 def test_ltb_forward_pass_equals_its_reduction(mlp):
     """spec §2.1: the full token-matrix forward pass depends on (U, V, K) only through (c, a, b, Q, q)."""
-    problem = GDBetaProblem.random(3, 6, 2)
+    problem = GDBetaProblem.random(3, 6, seed=2)
     rng = np.random.default_rng(12)
     U, V, K = (rng.normal(size=(4, 4)) for _ in range(3))
     prompts = dyn.sample_prompts(problem, 50, rng)
@@ -255,20 +255,20 @@ def test_ltb_forward_pass_equals_its_reduction(mlp):
 # ---- Lemma 6.1: Bayes ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["full rank", "singular Psi"])
 def test_bayes_risk_semi_analytic_matches_brute_force(kind):
-    problem = GDBetaProblem.random(2, 6, 5, sigma2=0.3, **({"rank_Psi": 1} if kind != "full rank" else {}))
-    semi = dyn.bayes_risk(problem, 40_000, 1)
+    problem = GDBetaProblem.random(2, 6, seed=5, sigma2=0.3, **({"rank_Psi": 1} if kind != "full rank" else {}))
+    semi = dyn.bayes_risk(problem, 40_000, seed=1)
 
     def squared_error(rng, m):
         p = dyn.sample_prompts(problem, m, rng)
         return (np.einsum("nd,nd->n", p.x_query, cf.bayes_estimate(problem, p.X, p.y)) - p.y_query) ** 2
 
-    brute = monte_carlo_mean(squared_error, 200_000, 2)
+    brute = monte_carlo_mean(squared_error, 200_000, seed=2)
     assert_within_standard_errors(brute.mean - semi.mean, np.hypot(brute.standard_error, semi.standard_error), 0.0)
 
 
 def test_bayes_golden_value_isotropic():
     """spec §6: Bayes = 0.31785 ± 0.00005 for H = Ψ = I₂, σ² = 0.25, N = 10."""
-    semi = dyn.bayes_risk(GDBetaProblem.isotropic(), 100_000, 3)
+    semi = dyn.bayes_risk(GDBetaProblem.isotropic(), 100_000, seed=3)
     assert_within_standard_errors(semi.mean, np.hypot(semi.standard_error, 5e-5), 0.31785)
 
 

@@ -2,18 +2,18 @@
 import numpy as np
 import pytest
 
-import closed_forms.gd_beta as cf
-from closed_forms.gd_beta import GDBetaProblem
-from dynamics import gd_beta as dyn
-from dynamics.integrate import DivergenceError
-from dynamics.montecarlo import generators, monte_carlo_mean, seed_sequence
+import attnflow.closed_forms.gd_beta as cf
+from attnflow.closed_forms.gd_beta import GDBetaProblem
+from attnflow.dynamics import gd_beta as dyn
+from attnflow.dynamics.integrate import DivergenceError
+from attnflow.dynamics.montecarlo import monte_carlo_mean
 
 from .conftest import assert_within_standard_errors
 
 
 @pytest.fixture
 def problem():
-    return GDBetaProblem.random(2, 5, 0, sigma2=0.3, beta_norm=1.2)
+    return GDBetaProblem.random(2, 5, seed=0, sigma2=0.3, beta_norm=1.2)
 
 
 def test_sampler_reproduces_the_data_model(problem):
@@ -80,7 +80,7 @@ def test_attention_model_risk_matches_monte_carlo(problem):
     """The exact risk reported during training is the sampled risk of the same parameters."""
     net = dyn.make_model("ltb_weights", problem, np.random.default_rng(6), 0.5)
     U, V, K = net.products()
-    mc = dyn.monte_carlo_risk(problem, lambda p: cf.ltb_forward(dyn.token_matrices(p), U, V, K), 100_000, 7)
+    mc = dyn.monte_carlo_risk(problem, lambda p: cf.ltb_forward(dyn.token_matrices(p), U, V, K), 100_000, seed=7)
     assert_within_standard_errors(mc.mean, mc.standard_error, net.risk())
 
 
@@ -119,7 +119,7 @@ def test_training_bad_input(problem, kwargs, message):
 
 @pytest.mark.parametrize("rank_H", [3, 2])
 def test_gradient_flow_reaches_the_theorem_6_3_limit(rank_H):
-    problem = GDBetaProblem.random(3, 8, 9, sigma2=0.5, rank_H=rank_H)
+    problem = GDBetaProblem.random(3, 8, seed=9, sigma2=0.5, rank_H=rank_H)
     rng = np.random.default_rng(10)
     beta0, Gamma = rng.normal(size=3), rng.normal(size=(3, 3))
     run = dyn.population_trajectory(problem, beta0, Gamma)
@@ -134,7 +134,7 @@ def test_gradient_flow_matches_scipy_lsoda():
     """Differential test of the whole pipeline (packing, kernel, engine) against scipy's LSODA."""
     from scipy.integrate import solve_ivp
 
-    problem = GDBetaProblem.random(2, 6, 3)
+    problem = GDBetaProblem.random(2, 6, seed=3)
     params = cf.pack_flow_params(problem)
     run = dyn.population_trajectory(problem, t_end=20.0, n_points=20)
     ref = solve_ivp(lambda t, y: cf.gradient_flow_rhs(t, y, params), (0, 20.0), np.zeros(6), method="LSODA",
@@ -152,16 +152,8 @@ def test_gradient_flow_bad_start(problem):
 
 def test_monte_carlo_mean_is_reproducible_and_unbiased():
     draw = lambda rng, m: rng.normal(2.0, 1.0, size=m)  # noqa: E731
-    a = monte_carlo_mean(draw, 10_000, 3, chunk=3000)
-    b = monte_carlo_mean(draw, 10_000, 3, chunk=3000)
+    a = monte_carlo_mean(draw, 10_000, seed=3, chunk=3000)
+    b = monte_carlo_mean(draw, 10_000, seed=3, chunk=3000)
     assert a == b
     assert_within_standard_errors(a.mean, a.standard_error, 2.0)
     assert a.standard_error == pytest.approx(0.01, rel=0.05)
-
-
-def test_seeds_are_explicit_and_spawned():
-    with pytest.raises(ValueError, match="seed"):
-        seed_sequence(None)
-    first = [g.normal() for g in generators(4, 3)]
-    again = [g.normal() for g in generators(4, 3)]
-    assert first == again and len(set(first)) == 3

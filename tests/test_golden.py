@@ -6,9 +6,9 @@ numbers in test_gd_beta_closed_forms.py; these files guard the rest (rates, anis
 import numpy as np
 import pytest
 
-import closed_forms.gd_beta as cf
-from closed_forms.gd_beta import GDBetaProblem
-from validation.gd_beta import COROLLARY_H, COROLLARY_PSI, example_problem
+import attnflow.closed_forms.gd_beta as cf
+from attnflow.closed_forms.gd_beta import GDBetaProblem
+from attnflow.validation.gd_beta import COROLLARY_H, COROLLARY_PSI, example_problem
 
 CONFIGURATIONS = {
     "isotropic_d2_N10": lambda: GDBetaProblem.isotropic(d=2, N=10, sigma2=0.25, beta_norm=1.0),
@@ -46,7 +46,7 @@ def test_one_nn_golden_constants(name, num_regression):
     import math
     import warnings
 
-    from closed_forms import one_nn
+    from attnflow.closed_forms import one_nn
 
     d, N = ONE_NN_POINTS[name]
     problem = one_nn.OneNNProblem(d, N)
@@ -69,8 +69,8 @@ RANDOM_WALK_POINTS = {"K6_N13_p07": (6, 13, 0.7), "K6_N13_p05": (6, 13, 0.5), "K
 @pytest.mark.parametrize("name", RANDOM_WALK_POINTS)
 def test_random_walk_golden_constants(name, num_regression):
     """Random walk: v⁽¹⁾, the exact reduced state after 50 steps (exact enumeration), the √-law plateau."""
-    from closed_forms import random_walk
-    from dynamics import random_walk as dyn
+    from attnflow.closed_forms import random_walk
+    from attnflow.dynamics import random_walk as dyn
 
     K, N, p = RANDOM_WALK_POINTS[name]
     problem = random_walk.RandomWalkProblem(K=K, N=N, p=p)
@@ -83,7 +83,7 @@ def test_random_walk_golden_constants(name, num_regression):
 
 def test_group_sparse_golden_constants(num_regression):
     """Group sparse: the position-only quadrature at the spec §6 points and the asymptotic constant."""
-    from closed_forms import group_sparse
+    from attnflow.closed_forms import group_sparse
 
     problem = group_sparse.GroupSparseProblem.standard(4, 6)
     constants = {"c": group_sparse.asymptotic_loss_constant()}
@@ -96,7 +96,7 @@ def test_group_sparse_golden_constants(num_regression):
 @pytest.mark.parametrize("name, args", [("N5_T8_Q2", (5, 8, 2)), ("N20_T64_Q4", (20, 64, 4))])
 def test_scb_golden_constants(name, args, num_regression):
     """SCB: K_P, K_Q, R*, R₀, the predicted Stage-1 duration and slow-mode rate for fixed seeded instances."""
-    from closed_forms import scb
+    from attnflow.closed_forms import scb
 
     problem = scb.SCBProblem.random(*args, seed=0)
     duration = scb.stage1_duration(problem, 0.25, 0.1)

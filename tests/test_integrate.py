@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 from scipy.integrate import solve_ivp
 
-from dynamics.integrate import (
+from attnflow.dynamics.integrate import (
     DivergenceError,
     dopri5_loop,
     iterate_map,

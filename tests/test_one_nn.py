@@ -6,10 +6,10 @@ import warnings
 import numpy as np
 import pytest
 
-from closed_forms import one_nn as cf
-from closed_forms.one_nn import OneNNProblem
-from dynamics import one_nn as dyn
-from dynamics.integrate import DivergenceError
+from attnflow.closed_forms import one_nn as cf
+from attnflow.closed_forms.one_nn import OneNNProblem
+from attnflow.dynamics import one_nn as dyn
+from attnflow.dynamics.integrate import DivergenceError
 
 from .conftest import assert_within_standard_errors
 
@@ -32,9 +32,9 @@ def test_bad_problem(kwargs, message):
     (lambda p: cf.gap_density_at_zero(2, 5), "d must be >= 3"),
     (lambda p: dyn.reduced_trajectory(p, -1.0, 10), "eta must be > 0"),
     (lambda p: dyn.full_gd_trajectory(p, 1.0, 10, 0, seed=0), "batch_size must be >= 1"),
-    (lambda p: dyn.shifted_test_loss(p, 1.0, 1.0, 10, 2.5, 0), "delta must be < 2"),
-    (lambda p: dyn.monte_carlo_loss(p, 1.0, math.inf, 10, 0), "xi2 must be finite"),
-    (lambda p: dyn.monte_carlo_loss(p, float("nan"), 1.0, 10, 0), "xi1 must be finite"),
+    (lambda p: dyn.shifted_test_loss(p, 1.0, 1.0, 10, 2.5, seed=0), "delta must be < 2"),
+    (lambda p: dyn.monte_carlo_loss(p, 1.0, math.inf, 10, seed=0), "xi2 must be finite"),
+    (lambda p: dyn.monte_carlo_loss(p, float("nan"), 1.0, 10, seed=0), "xi1 must be finite"),
 ])
 def test_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
@@ -54,7 +54,7 @@ def test_quadrature_matches_brute_force_monte_carlo(d, N, xi1, xi2):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         quad = cf.reduced_loss(problem, xi1, xi2, rtol=1e-4)
-    mc = dyn.monte_carlo_loss(problem, xi1, xi2, 60_000, 5)
+    mc = dyn.monte_carlo_loss(problem, xi1, xi2, 60_000, seed=5)
     for name, value, error in (("loss", quad.loss, quad.loss_error), ("d_xi1", quad.d_xi1, quad.gradient_error),
                                ("d_xi2", quad.d_xi2, quad.gradient_error)):
         assert_within_standard_errors(mc[name].mean, math.hypot(mc[name].standard_error, error), value)

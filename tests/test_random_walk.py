@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from closed_forms import random_walk as cf
-from closed_forms.random_walk import RandomWalkProblem
-from dynamics import random_walk as dyn
-from dynamics.integrate import DivergenceError
+from attnflow.closed_forms import random_walk as cf
+from attnflow.closed_forms.random_walk import RandomWalkProblem
+from attnflow.dynamics import random_walk as dyn
+from attnflow.dynamics.integrate import DivergenceError
 from tests.conftest import assert_within_standard_errors
 
 
@@ -155,7 +155,7 @@ def test_sampling_is_reproducible():
 
 
 def test_quick_claims_pass_except_claim3_which_fails_away_from_p_half():
-    from validation.claims import run_claim, select
+    from attnflow import run_claim, select
     results = {c.name: run_claim(c, seed=0) for c in select(["random_walk"])}
     assert {n: r.status for n, r in results.items() if r.status != "PASS"} == {"random_walk.value_direction": "FAIL"}
     rows = {row["p"]: row for row in results["random_walk.value_direction"].details}
@@ -165,7 +165,7 @@ def test_quick_claims_pass_except_claim3_which_fails_away_from_p_half():
 
 
 def test_claim3_passes_when_only_p_half_is_checked():
-    from validation.claims import run_claim, select
+    from attnflow import run_claim, select
     assert run_claim(select(["random_walk.value_direction"])[0], seed=0, ps=(0.5,)).status == "PASS"
 
 
@@ -173,7 +173,7 @@ def test_full_gd_refuses_sequences_of_another_problem():
     problem = RandomWalkProblem(K=5, N=11, p=0.7, M=40)
     other = dyn.population_sequences(RandomWalkProblem(K=5, N=9, p=0.7, M=40))
     with pytest.raises(ValueError, match="sequences must hold N = 11 node indices"):
-        dyn.full_gd_trajectory(problem, other, 2)
+        dyn.full_gd_trajectory(problem, other, 2, seed=0)
 
 
 def test_one_hot_map_step_matches_monte_carlo_of_the_raw_gradient():

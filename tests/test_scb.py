@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from closed_forms import scb as cf
-from closed_forms.scb import SCBProblem
-from dynamics import scb as dyn
-from dynamics.integrate import DivergenceError
+from attnflow.closed_forms import scb as cf
+from attnflow.closed_forms.scb import SCBProblem
+from attnflow.dynamics import scb as dyn
+from attnflow.dynamics.integrate import DivergenceError
 from tests.conftest import assert_within_standard_errors
 
 EXAMPLE = SCBProblem.random(5, 8, 2, seed=0)
@@ -60,8 +60,8 @@ def test_random_instance_satisfies_assumption_2_1():
 def test_risk_and_gradients_match_monte_carlo_at_a_generic_point():
     rng = np.random.default_rng(3)
     V, Q = rng.normal(size=(5, 5)), rng.normal(size=(8, 5))
-    from validation.scb import standardised_error
-    draws = [dyn.minibatch_gradients(EXAMPLE, V, Q, 4000, s) for s in range(50)]
+    from attnflow.validation.scb import standardised_error
+    draws = [dyn.minibatch_gradients(EXAMPLE, V, Q, 4000, seed=s) for s in range(50)]
     grad_V, grad_Q = cf.raw_gradients(EXAMPLE, V, Q)
     G_V, G_Q = cf.preconditioned_gradients(EXAMPLE, V, Q)
     for name, exact in (("loss", cf.population_risk(EXAMPLE, V, Q)), ("grad_V", grad_V), ("grad_Q", grad_Q),
@@ -76,7 +76,7 @@ def test_risk_and_gradients_match_monte_carlo_at_a_generic_point():
 
 
 def test_bayes_risk_is_the_monte_carlo_risk_at_the_ground_truth():
-    losses = np.array([dyn.minibatch_gradients(EXAMPLE, EXAMPLE.P, EXAMPLE.Q_star, 20_000, s)["loss"] for s in range(10)])
+    losses = np.array([dyn.minibatch_gradients(EXAMPLE, EXAMPLE.P, EXAMPLE.Q_star, 20_000, seed=s)["loss"] for s in range(10)])
     assert_within_standard_errors(losses.mean(), losses.std(ddof=1) / math.sqrt(10), EXAMPLE.bayes_risk)
     assert EXAMPLE.initial_risk - EXAMPLE.bayes_risk == pytest.approx(0.5 * EXAMPLE.kappa * EXAMPLE.K_P)
     V0, Q0 = EXAMPLE.initial_point()
@@ -125,10 +125,10 @@ def test_minibatch_algorithm_keeps_the_invariants_and_is_reproducible():
               dyn.StageSettings(10, 1000, 0.25))
     a = dyn.run_algorithm1(EXAMPLE, *stages, seed=3)
     b = dyn.run_algorithm1(EXAMPLE, *stages, seed=3)
-    assert np.array_equal(a.V, b.V) and np.array_equal(a.Q, b.Q)
+    assert np.array_equal(a.final["V"], b.final["V"]) and np.array_equal(a.final["Q"], b.final["Q"])
     for name in ("colsum_V", "stationarity_V", "colsum_Q"):
-        assert a.series(name).max() < 1e-12
-    assert a.samples == 10 * 2000 + 20 * 1000 + 10 * 1000
+        assert a.metrics[name].max() < 1e-12
+    assert a.info["samples"] == 10 * 2000 + 20 * 1000 + 10 * 1000
 
 
 def test_divergence_names_the_step():
@@ -146,7 +146,7 @@ def test_least_squares_V_minimises_the_risk_over_V():
 def test_quick_claims_pass_and_draw_their_figures():
     import matplotlib.pyplot as plt
 
-    from validation.claims import run_claim, select
+    from attnflow import run_claim, select
     results = [run_claim(c, seed=0) for c in select(["scb"])]
     assert {r.name: r.status for r in results} == {c.name: "PASS" for c in select(["scb"])}
     for r in results:
@@ -157,7 +157,7 @@ def test_quick_claims_pass_and_draw_their_figures():
 def test_sympy_derivation_equals_the_kernels():
     import sympy as sp
 
-    from closed_forms import symbolic
+    from attnflow.closed_forms import symbolic
     s = symbolic.scb_line_system()
     sym = s["symbols"]
     step = sp.lambdify([sym["alpha_V"], sym["alpha_Q"], sym["K_P"], sym["K_Q"], sym["T"], sym["eta_V"], sym["eta_Q"]],
@@ -175,7 +175,7 @@ def test_sympy_derivation_equals_the_kernels():
 
 
 def test_cli_solve_scb_and_latex(capsys):
-    from validation.cli import main
+    from attnflow.validation.cli import main
     assert main(["solve", "scb", "--param", "T=16"]) == 0
     assert "K_Q" in capsys.readouterr().out
     assert main(["solve", "scb", "--latex"]) == 0
@@ -189,12 +189,12 @@ def test_transfer_finds_the_supports_in_one_step_and_recovers():
     base = np.outer(p.mu, np.ones(5))
     P_tilde = base + 0.6 * (p.P - base)
     run = dyn.run_transfer(p, P_tilde, 0.3, 2000, dyn.StageSettings(150, 8000, 0.25, lam=0.01), seed=0)
-    assert abs(run.records[1, 2] - 1.0) < 0.1  # α_Q(1) = η₀γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ = 1 up to batch noise
-    assert np.array_equal(run.Q > 0, p.Q_star > 0)
-    assert max(dyn.relative_errors(p, run.V, run.Q)) < 0.05
-    assert run.samples == 2000 + 150 * 8000
+    assert abs(run.metrics["alpha_Q"][1] - 1.0) < 0.1  # α_Q(1) = η₀γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ = 1 up to batch noise
+    assert np.array_equal(run.final["Q"] > 0, p.Q_star > 0)
+    assert max(dyn.relative_errors(p, run.final["V"], run.final["Q"])) < 0.05
+    assert run.info["samples"] == 2000 + 150 * 8000
     with pytest.raises(ValueError, match="stationary law"):
-        dyn.transfer_start(p, np.full((5, 5), 0.2), 0.3)  # uniform columns: stationary law uniform, not μ
+        cf.transfer_start(p, np.full((5, 5), 0.2), 0.3)  # uniform columns: stationary law uniform, not μ
 
 
 def test_bad_algorithm_settings_are_refused():
@@ -205,13 +205,13 @@ def test_bad_algorithm_settings_are_refused():
     with pytest.raises(ValueError, match="x0 must have shape"):
         dyn.line_trajectory(EXAMPLE, 0.1, 0.1, 5, x0=(0.0, 0.0, 0.0))
     with pytest.raises(ValueError, match="theta3 must be > 0"):
-        dyn.run_stages_2_3(EXAMPLE, EXAMPLE.initial_point(), dyn.StageSettings(2, 100, 0.25), 0, alpha_Q=0.5, theta3=-1.0)
+        dyn.run_stages_2_3(EXAMPLE, EXAMPLE.initial_point(), dyn.StageSettings(2, 100, 0.25), seed=0, alpha_Q=0.5, theta3=-1.0)
 
 
 def test_critical_batch_walk_finds_each_seeds_first_success_and_flags_censoring():
     """A synthetic success rule with a known threshold per seed: the walk returns the first grid batch at or
     above it, per criterion, and flags criteria never met below max_batch."""
-    from validation.scb import BATCH_GRID_RATIO, _critical_batches
+    from attnflow.validation.batch_search import BATCH_GRID_RATIO, first_successes
 
     thresholds = {0: 100, 1: 300, 2: 1000}
     seeds = np.random.SeedSequence(5).spawn(3)
@@ -221,33 +221,33 @@ def test_critical_batch_walk_finds_each_seeds_first_success_and_flags_censoring(
         need = thresholds[index[tuple(seed.spawn_key[:-1])]]
         return batch >= need, batch >= 2 * need
 
-    first, censored = _critical_batches(success, seeds, start=64, max_batch=10 ** 6, n_criteria=2)
+    first, censored = first_successes(success, seeds, start=64, max_batch=10 ** 6, n_criteria=2)
     grid = np.round(BATCH_GRID_RATIO ** np.arange(12, 60))
     expected = [[grid[grid >= f * need].min() for need in thresholds.values()] for f in (1, 2)]
     assert not censored and np.array_equal(first, expected)
-    _, censored = _critical_batches(success, seeds, start=64, max_batch=1500, n_criteria=2)
+    _, censored = first_successes(success, seeds, start=64, max_batch=1500, n_criteria=2)
     assert censored
 
 
 def test_critical_batch_counts_a_diverged_run_as_a_failure_of_every_criterion():
-    from validation.scb import _critical_batches
+    from attnflow.validation.batch_search import first_successes
 
     def success(batch, seed):
         if batch < 200:
             dyn.run_sgd(EXAMPLE, dyn.StageSettings(50, 100, 1e6), seed=0)  # diverges
         return True, batch >= 362
 
-    first, _ = _critical_batches(success, np.random.SeedSequence(0).spawn(2), start=64, max_batch=10 ** 4,
+    first, _ = first_successes(success, np.random.SeedSequence(0).spawn(2), start=64, max_batch=10 ** 4,
                                  n_criteria=2)
     assert first.shape == (2, 2) and np.all(first[0] == 256) and np.all(first[1] == 362)
     with pytest.raises(ValueError, match="n_criteria"):
-        _critical_batches(success, np.random.SeedSequence(0).spawn(1), start=256, max_batch=10 ** 4)
+        first_successes(success, np.random.SeedSequence(0).spawn(1), start=256, max_batch=10 ** 4)
 
 
 def test_stage_2_that_loses_the_signal_is_a_stage_failure_not_a_crash():
     start = cf.line_point(EXAMPLE, 0.0, -0.5)  # α_Q < 0: normalisation at ½α_Q·min q* is impossible
     with pytest.raises(dyn.StageFailure, match="lost the attention signal"):
-        dyn.run_stages_2_3(EXAMPLE, start, dyn.StageSettings(0, 100, 0.25), 0, alpha_Q=0.5)
+        dyn.run_stages_2_3(EXAMPLE, start, dyn.StageSettings(0, 100, 0.25), seed=0, alpha_Q=0.5)
 
 
 def test_related_transition_keeps_the_stationary_law_and_column_sums():
@@ -272,7 +272,7 @@ def test_rounding_threshold_sits_midway_on_the_line_and_finds_the_supports_there
 
 
 def test_critical_batch_refuses_a_stage1_exit_level_the_line_never_reaches():
-    from validation.claims import run_claim, select
+    from attnflow import run_claim, select
 
     result = run_claim(select(["scb.critical_batch"])[0], seed=0, c1=1.5)
     assert result.status == "ERROR" and "c1 must lie in (0, 1)" in result.notes

@@ -8,24 +8,18 @@ metadata, the timing and the safety net (a non-finite number is an ERROR, never 
 """
 from __future__ import annotations
 
-import importlib
 import math
 import time
 import traceback
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-__all__ = ["Outcome", "CheckResult", "Claim", "claim", "registry", "select", "run_claim", "SYSTEMS",
-           "ScalingLaw", "Observable", "observable", "observables", "to_jsonable"]
+from attnflow import seeding
 
-# System key -> module holding its claims. Keys are accepted with '_' or '-'.
-SYSTEMS = {"gd_beta": "validation.gd_beta", "one_nn": "validation.one_nn", "random_walk": "validation.random_walk",
-           "group_sparse": "validation.group_sparse", "scb": "validation.scb"}
-# Modules with observables that belong to no system (diagnostics of the sweep machinery itself).
-_EXTRA_MODULES = ("validation.sweep",)
+__all__ = ["Outcome", "CheckResult", "Claim", "claim", "run_claim", "ScalingLaw", "Observable", "observable",
+           "registered_claims", "registered_observables", "to_jsonable"]
 
 _REGISTRY: dict[str, "Claim"] = {}
 _OBSERVABLES: dict[str, "Observable"] = {}
@@ -68,7 +62,7 @@ class CheckResult:
     details: list
     notes: str
     setting: str
-    seed: int
+    seed: int | dict  # the --seed integer, or the record of a SeedSequence (a sweep replicate's)
     seconds: float
     figure: Callable | None = None
 
@@ -100,9 +94,9 @@ class Claim:
     def system(self) -> str:
         return self.name.split(".", 1)[0]
 
-    def seed_sequence(self, seed: int) -> np.random.SeedSequence:
+    def seed_sequence(self, seed: seeding.SeedLike) -> np.random.SeedSequence:
         """Seed for this claim: derived from (seed, claim name), so selecting a subset changes no numbers."""
-        return np.random.SeedSequence(entropy=seed, spawn_key=(zlib.crc32(self.name.encode()),))
+        return seeding.named(seed, self.name)
 
 
 def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict):
@@ -159,42 +153,13 @@ def observable(name: str, *, reference: str, description: str, defaults: dict, l
     return register
 
 
-def observables() -> dict[str, Observable]:
-    _load_systems()
-    return dict(_OBSERVABLES)
-
-
-def _load_systems() -> None:
-    for module in (*SYSTEMS.values(), *_EXTRA_MODULES):
-        importlib.import_module(module)
-
-
-def registry() -> dict[str, Claim]:
-    _load_systems()
+def registered_claims() -> dict[str, Claim]:
+    """The claims registered so far (``attnflow.validation.systems.registry`` loads every system first)."""
     return dict(_REGISTRY)
 
 
-def _normalise(name: str) -> str:
-    return name.strip().replace("-", "_")
-
-
-def select(names=None) -> list[Claim]:
-    """Claims for NAMES: whole systems (``gd_beta`` or ``gd-beta``) or single claims; all when empty."""
-    claims = registry()
-    if not names:
-        return list(claims.values())
-    chosen: list[Claim] = []
-    for raw in names:
-        name = _normalise(raw)
-        if name in SYSTEMS:
-            matches = [c for c in claims.values() if c.system == name]
-        elif name in claims:
-            matches = [claims[name]]
-        else:
-            known = ", ".join(sorted(SYSTEMS))
-            raise ValueError(f"unknown claim or system {raw!r} (systems: {known}; see 'attnflow list')")
-        chosen.extend(c for c in matches if c not in chosen)
-    return chosen
+def registered_observables() -> dict[str, Observable]:
+    return dict(_OBSERVABLES)
 
 
 def _all_finite(values) -> bool:
@@ -225,8 +190,12 @@ def to_jsonable(value):
     return value
 
 
-def run_claim(c: Claim, *, full: bool = False, seed: int = 0, **overrides) -> CheckResult:
-    """Run one claim at its quick (default) or full setting; ``overrides`` replace single settings."""
+def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrides) -> CheckResult:
+    """Run one claim at its quick (default) or full setting; ``overrides`` replace single settings.
+
+    ``seed`` is the run's seed (``--seed``) or a SeedSequence (a sweep replicate's); the claim receives the child
+    :func:`attnflow.seeding.named` derives for its name."""
+    claim_seed = c.seed_sequence(seed)
     settings = dict(c.full if full else c.quick)
     unknown = set(overrides) - set(settings)
     if unknown:
@@ -234,9 +203,10 @@ def run_claim(c: Claim, *, full: bool = False, seed: int = 0, **overrides) -> Ch
     settings.update(overrides)
     started = time.perf_counter()
     common = dict(name=c.name, system=c.system, reference=c.reference, statement=c.statement,
-                  setting="full" if full else "quick", seed=seed)
+                  setting="full" if full else "quick",
+                  seed=seed if not isinstance(seed, np.random.SeedSequence) else seeding.to_record(seed))
     try:
-        outcome = c.function(c.seed_sequence(seed), **settings)
+        outcome = c.function(claim_seed, **settings)
     except Exception as error:  # a claim that crashes is reported, not hidden, and the others still run
         return CheckResult(**common, status="ERROR", measured={}, predicted={}, tolerance="", basis="",
                            details=[], notes=f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}",

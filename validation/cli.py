@@ -2,11 +2,14 @@
 
     attnflow list
     attnflow check [NAMES…] [--full] [--json] [--seed S] [--report DIR]
-    attnflow solve SYSTEM [--param k=v …] [--plot FILE] [--json] [--latex]
+    attnflow solve SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--latex] [--describe]
+    attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--describe]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
 
-Exit codes: 0 every claim passed (or the command succeeded), 1 a claim failed or errored, 2 bad input
-(one line on stderr).
+``solve`` and ``simulate`` work for every registered system (attnflow.validation.systems): ``--param`` takes the
+Problem's parameters and the options of the population dynamics (solve) or of the minibatch algorithm
+(simulate); ``--describe`` lists them. Exit codes: 0 every claim passed (or the command succeeded), 1 a claim
+failed or errored, 2 bad input (one line on stderr), 130 interrupted.
 """
 from __future__ import annotations
 
@@ -16,10 +19,11 @@ import sys
 
 import numpy as np
 
-from dynamics.integrate import DivergenceError
+from attnflow import seeding
+from attnflow.dynamics.errors import DivergenceError, StageFailure
 
 from . import claims as claims_module
-from . import report
+from . import report, systems
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -29,11 +33,23 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
+def _add_system_command(sub, name: str, help_text: str):
+    command = sub.add_parser(name, help=help_text)
+    command.add_argument("system", help="system key, e.g. gd-beta (attnflow list)")
+    command.add_argument("--param", action="append", default=[], metavar="K=V",
+                         help="a problem parameter or an option (repeatable); --describe lists them")
+    command.add_argument("--seed", type=int, default=0, help="seed of every random quantity (default 0)")
+    command.add_argument("--plot", metavar="FILE", help="write a PNG of the trajectory's metrics")
+    command.add_argument("--json", action="store_true", help="print JSON (docs/cli.md)")
+    command.add_argument("--describe", action="store_true", help="list the system's parameters and options")
+    return command
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="attnflow", description="Check theorems about how one-layer transformers learn.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
 
-    sub.add_parser("list", help="list the registered claims")
+    sub.add_parser("list", help="list the registered systems and claims")
 
     check = sub.add_parser("check", help="run claims (all by default) and report PASS/FAIL with numbers")
     check.add_argument("names", nargs="*", help="systems (gd_beta or gd-beta) or claims (gd_beta.lsa_gap)")
@@ -56,26 +72,29 @@ def _build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--json", action="store_true", help="print the records and the fit as JSON")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    solve = sub.add_parser("solve", help="closed forms and the population dynamics of one system")
-    solve.add_argument("system", help="system key, e.g. gd-beta")
-    solve.add_argument("--param", action="append", default=[], metavar="K=V",
-                       help="problem parameter (repeatable); see docs/cli.md")
-    solve.add_argument("--plot", metavar="FILE", help="write a PNG figure")
-    solve.add_argument("--json", action="store_true", help="print JSON")
-    solve.add_argument("--latex", action="store_true", help="print the sympy derivation of the reduced system")
+    solve = _add_system_command(sub, "solve", "closed forms and the population dynamics of one system")
+    solve.add_argument("--latex", action="store_true", help="print the symbolic derivation of the reduced system")
+    _add_system_command(sub, "simulate", "the paper's minibatch training algorithm on one system")
     return parser
 
 
+def _check_seed(seed: int) -> np.random.SeedSequence:
+    if seed < 0:
+        raise ValueError(f"--seed must be a non-negative integer, got {seed}")
+    return seeding.as_seed_sequence(seed, "--seed")
+
+
 def _command_list(_args) -> int:
-    for c in claims_module.registry().values():
-        print(f"{c.name}\n    {c.reference}\n    {c.statement}")
+    for system in systems.all_systems():
+        print(f"{system.key}: {system.title}\n    {system.reference}")
+        for c in system.claims():
+            print(f"  {c.name}\n      {c.statement}")
     return 0
 
 
 def _command_check(args) -> int:
-    if args.seed < 0:
-        raise ValueError(f"--seed must be a non-negative integer, got {args.seed}")
-    selected = claims_module.select(args.names)
+    _check_seed(args.seed)
+    selected = systems.select(args.names)
     from tqdm import tqdm
 
     results = []
@@ -98,12 +117,13 @@ def _command_sweep(args) -> int:
     from . import plots, sweep
 
     if args.list:
-        for obs in claims_module.observables().values():
+        for obs in systems.observables().values():
             law = f"\n    law: {obs.law.y} ~ {obs.law.x}^{obs.law.exponent:g} ({obs.law.kind})" if obs.law else ""
             print(f"{obs.name}\n    {obs.reference}\n    {obs.description}\n    parameters: {obs.defaults}{law}")
         return 0
     if not args.target:
         raise ValueError("give a TARGET to sweep (attnflow sweep --list shows the observables)")
+    _check_seed(args.seed)
     grid = sweep.parse_grid(args.grid)
     store = f"{args.store.rstrip('/')}/{args.target.replace('-', '_')}"
     result = sweep.run_sweep(args.target, grid, seeds=args.seeds, master_seed=args.seed, store=store,
@@ -131,8 +151,7 @@ def _command_sweep(args) -> int:
         if fit is None:
             raise ValueError("--plot needs a target with a scaling law swept over its x parameter alone")
         x, y = result.values(result.law.y, result.law.x)
-        plots.scaling_figure(x, y, fit, result.law, result.target).savefig(args.plot, dpi=110)
-        print(f"figure written to {args.plot}", file=sys.stderr)
+        _save(plots.scaling_figure(x, y, fit, result.law, result.target), args.plot)
     return 0 if passed else 1
 
 
@@ -149,66 +168,121 @@ def _sweep_table(result) -> str:
             values = np.array([res[metric] for res in results if isinstance(res.get(metric), (int, float))], float)
             if values.size == 0:
                 continue
-            se = values.std(ddof=1) / np.sqrt(values.size) if values.size > 1 else float("nan")
-            cells.append(f"{metric} = {values.mean():.6g} ± {se:.2g}")
+            se = f" ± {values.std(ddof=1) / np.sqrt(values.size):.2g}" if values.size > 1 else ""
+            cells.append(f"{metric} = {values.mean():.6g}{se}")
         lines.append(f"{label}:  " + ";  ".join(cells))
     return "\n".join(lines)
 
 
-def _parse_value(key: str, text: str):
-    """'3' -> 3.0; '1,0.5' -> vector; '1,.3;.3,.6' -> matrix."""
-    try:
-        if ";" in text:
-            return np.array([[float(v) for v in row.split(",")] for row in text.split(";")])
-        if "," in text:
-            return np.array([float(v) for v in text.split(",")])
-        return float(text)
-    except ValueError:
-        raise ValueError(f"parameter {key} must be a number, a comma list or a ;-separated matrix, got {text!r}") from None
-
-
-def parse_params(pairs: list[str]) -> dict:
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    """``["N=10", "H=1,0;0,2"]`` → ``{"N": "10", "H": "1,0;0,2"}``; the System parses the values."""
     params = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ValueError(f"--param takes K=V, got {pair!r}")
-        params[key.strip()] = _parse_value(key.strip(), text.strip())
+        if key in params:
+            raise ValueError(f"--param {key} is given twice")
+        params[key] = text.strip()
     return params
 
 
-def _solvers():
-    from . import gd_beta, scb
+def _split(system: systems.System, params: dict, option_sets: dict) -> tuple[dict, dict]:
+    """Problem values and, per option set, its values; a name that belongs to none is refused."""
+    problem_names = {p.name for p in system.problem.PARAMETERS}
+    owned = {name: set_name for set_name, specs in option_sets.items() for name in (p.name for p in specs)}
+    unknown = sorted(set(params) - problem_names - set(owned))
+    if unknown:
+        known = sorted(problem_names | set(owned))
+        raise ValueError(f"unknown {system.key} parameter(s) {unknown}; known: {', '.join(known)} (--describe)")
+    problem_values = {k: v for k, v in params.items() if k in problem_names}
+    options = {set_name: {k: v for k, v in params.items() if owned.get(k) == set_name and k not in problem_names}
+               for set_name in option_sets}
+    return problem_values, options
 
-    return {"gd_beta": gd_beta.solve, "scb": scb.solve}
+
+def _trajectory_summary(trajectory) -> dict:
+    out = {"records": len(trajectory.times), "final time": float(trajectory.times[-1])}
+    out.update({f"final {name}": float(values[-1]) for name, values in trajectory.metrics.items()})
+    for name, value in trajectory.info.items():
+        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def _print_values(values: dict) -> None:
+    for name, value in values.items():
+        if isinstance(value, (list, np.ndarray)) and np.ndim(value) == 2:
+            rows = "\n".join("    " + "  ".join(f"{v: .6g}" for v in row) for row in np.asarray(value))
+            print(f"{name}:\n{rows}")
+        elif isinstance(value, (list, np.ndarray)):
+            print(f"{name}: " + ", ".join(report.format_number(v) for v in np.ravel(value)))
+        else:
+            print(f"{name}: {report.format_number(value)}")
+
+
+def _save(figure, path: str) -> None:
+    if not path.strip():
+        raise ValueError("--plot needs a file name")
+    try:
+        figure.savefig(path, dpi=110)
+    except OSError as error:
+        raise ValueError(f"--plot: cannot write {path!r} ({error.strerror or error})") from None
+    print(f"figure written to {path}", file=sys.stderr)
+
+
+def _run_system_command(args, *, simulate: bool) -> int:
+    system = systems.get_system(args.system)
+    if args.describe:
+        print(system.parameter_help())
+        return 0
+    seed = _check_seed(args.seed)
+    params = parse_params(args.param)
+    if simulate:
+        problem_values, options = _split(system, params, {"minibatch": system.minibatch_options})
+    else:
+        problem_values, options = _split(system, params, {"population": system.population_options,
+                                                          "summary": system.summary_options})
+    problem = system.problem_from_params(problem_values)
+    values: dict = {}
+    if simulate:
+        trajectory = system.minibatch(problem, seed=seed, **system.minibatch_options_from(options["minibatch"]))
+        kind = "minibatch"
+    else:
+        if system.summary is not None:
+            values.update(system.summary(problem, seed=seed, **system.summary_options_from(options["summary"])))
+        trajectory = system.population(problem, **system.population_options_from(options["population"]))
+        kind = "population"
+    values.update({f"{kind}: {k}": v for k, v in _trajectory_summary(trajectory).items()})
+    if args.json:
+        document = dict(schema=f"attnflow.{'simulate' if simulate else 'solve'}/1", system=system.key,
+                        seed=args.seed, parameters=params, values=values,
+                        trajectory=dict(times=trajectory.times, metrics=trajectory.metrics))
+        print(json.dumps(claims_module.to_jsonable(document), indent=2, ensure_ascii=False))
+    else:
+        _print_values(values)
+    if args.plot:
+        from . import plots
+
+        time_label = "step" if simulate else "time (or step) of the population dynamics"
+        title = f"{system.key}: {'minibatch run' if simulate else 'population dynamics'}"
+        _save(plots.trajectory_figure(trajectory, title, time_label), args.plot)
+    return 0
 
 
 def _command_solve(args) -> int:
-    key = args.system.replace("-", "_")
     if args.latex:
-        from closed_forms import symbolic
-
-        print(symbolic.latex(key))
+        system = systems.get_system(args.system)
+        if system.latex is None:
+            raise ValueError(f"system {system.key} has no symbolic derivation (--latex)")
+        print(system.latex())
         return 0
-    solvers = _solvers()
-    if key not in solvers:
-        raise ValueError(f"unknown system {args.system!r} for solve (available: {', '.join(sorted(solvers))})")
-    summary, figure = solvers[key](parse_params(args.param), want_figure=bool(args.plot))
-    if args.json:
-        print(json.dumps(claims_module.to_jsonable(summary), indent=2, ensure_ascii=False))
-    else:
-        for name, value in summary.items():
-            if isinstance(value, (list, np.ndarray)) and np.ndim(value) == 2:
-                rows = "\n".join("    " + "  ".join(f"{v: .6g}" for v in row) for row in np.asarray(value))
-                print(f"{name}:\n{rows}")
-            elif isinstance(value, (list, np.ndarray)):
-                print(f"{name}: " + ", ".join(report.format_number(v) for v in np.ravel(value)))
-            else:
-                print(f"{name}: {report.format_number(value)}")
-    if args.plot:
-        figure.savefig(args.plot, dpi=110)
-        print(f"figure written to {args.plot}", file=sys.stderr)
-    return 0
+    return _run_system_command(args, simulate=False)
+
+
+def _command_simulate(args) -> int:
+    return _run_system_command(args, simulate=True)
 
 
 def main(argv=None) -> int:
@@ -216,15 +290,20 @@ def main(argv=None) -> int:
     try:
         args = parser.parse_args(argv)
         command = {"list": _command_list, "check": _command_check, "solve": _command_solve,
-                   "sweep": _command_sweep}[args.command]
+                   "simulate": _command_simulate, "sweep": _command_sweep}[args.command]
         return command(args)
-    except (ValueError, DivergenceError) as error:
+    except (ValueError, DivergenceError, StageFailure) as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"attnflow: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (attnflow list | head): not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

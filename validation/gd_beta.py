@@ -4,12 +4,14 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize
 
-from closed_forms import gd_beta as cf
-from closed_forms.gd_beta import GDBetaProblem
-from dynamics import gd_beta as dyn
+from attnflow import seeding
+from attnflow.closed_forms import gd_beta as cf
+from attnflow.closed_forms.gd_beta import GDBetaProblem
+from attnflow.dynamics import gd_beta as dyn
 
 from . import plots
 from .claims import Outcome, ScalingLaw, claim, observable
+from .systems import Parameter, System
 from .stats import Z_TOLERANCE, fit_exponential_rate, ratio_standard_error, z_basis
 
 PAPER = "Zhang, Wu & Bartlett, NeurIPS 2024 (arXiv:2402.14951)"
@@ -53,11 +55,11 @@ def risk_formula(seed, n_prompts, d, N):
     rows = []
     for (label, ranks), child in zip(configs, seed.spawn(len(configs))):
         problem_seed, parameter_seed, mc_seed = child.spawn(3)
-        problem = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.0, **ranks)
+        problem = GDBetaProblem.random(d, N, seed=problem_seed, sigma2=0.5, beta_norm=1.0, **ranks)
         rng = np.random.default_rng(parameter_seed)
         beta0, Gamma = rng.normal(size=d), rng.normal(size=(d, d)) / d
         predicted = float(cf.icl_risk(problem, beta0, Gamma))
-        mc = dyn.monte_carlo_risk(problem, _gd_beta_predictor(beta0, Gamma), n_prompts, mc_seed)
+        mc = dyn.monte_carlo_risk(problem, _gd_beta_predictor(beta0, Gamma), n_prompts, seed=mc_seed)
         rows.append(dict(config=label, closed_form=predicted, monte_carlo=mc.mean,
                          standard_error=mc.standard_error, z=mc.z_score(predicted)))
     worst = max(rows, key=lambda r: abs(r["z"]))
@@ -94,7 +96,7 @@ def risk_formula(seed, n_prompts, d, N):
 )
 def optimal_parameters(seed, d, N, n_starts, n_prompts):
     problem_seed, start_seed, direction_seed, mc_seed = seed.spawn(4)
-    problem = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.5)
+    problem = GDBetaProblem.random(d, N, seed=problem_seed, sigma2=0.5, beta_norm=1.5)
     R_star, R_eigen = cf.optimal_risk(problem), cf.optimal_risk_eigen(problem)
     beta_star, Gamma_star = problem.beta_star, cf.optimal_gamma(problem)
     grad_beta, grad_Gamma = cf.risk_gradient(problem, beta_star, Gamma_star)
@@ -131,7 +133,7 @@ def optimal_parameters(seed, d, N, n_starts, n_prompts):
             other = cf.gd_beta_predict(p.X, p.y, p.x_query, *moved)
             return (other - p.y_query) ** 2 - (base - p.y_query) ** 2
 
-        mc = dyn.monte_carlo_mean(increase, n_prompts, child)
+        mc = dyn.monte_carlo_mean(increase, n_prompts, seed=child)
         exact = float(cf.icl_risk(problem, *moved) - R_star)
         rows.append(dict(step=s, closed_form_increase=exact, monte_carlo_increase=mc.mean,
                          standard_error=mc.standard_error, z=mc.z_score(exact)))
@@ -182,7 +184,7 @@ def optimal_parameters(seed, d, N, n_starts, n_prompts):
 )
 def ltb_equals_gd_beta(seed, d, N, beta_norms, n_prompts):
     problem_seed, prompt_seed = seed.spawn(2)
-    base = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.0)
+    base = GDBetaProblem.random(d, N, seed=problem_seed, sigma2=0.5, beta_norm=1.0)
     rows = []
     for norm in beta_norms:
         problem = base.replace(beta_star=base.beta_star * norm / base.beta_norm_H)
@@ -190,14 +192,10 @@ def ltb_equals_gd_beta(seed, d, N, beta_norms, n_prompts):
         ltb = cf.optimal_attention_risk(problem, mlp=True)
         rows.append(dict(beta_norm_H=norm, R_star=R_star, inf_LTB=ltb.risk, relative_gap=(ltb.risk - R_star) / R_star))
 
-    # Lemma 5.1: U = e_{d+1}(β₀ᵀ, 0), V = e_{d+1}(−β₀ᵀ, 1), K = [[Γᵀ, 0], [0, 0]] at (β₀, Γ) = (β*, Γ*).
+    # Lemma 5.1 at (β₀, Γ) = (β*, Γ*).
     problem = base
     beta0, Gamma = problem.beta_star, cf.optimal_gamma(problem)
-    D = d + 1
-    U, V, K = np.zeros((D, D)), np.zeros((D, D)), np.zeros((D, D))
-    U[d, :d] = beta0
-    V[d, :d], V[d, d] = -beta0, 1.0
-    K[:d, :d] = Gamma.T
+    U, V, K = cf.ltb_embedding(beta0, Gamma)
     prompts = dyn.sample_prompts(problem, n_prompts, np.random.default_rng(prompt_seed))
     ltb_out = cf.ltb_forward(dyn.token_matrices(prompts), U, V, K)
     gd_out = cf.gd_beta_predict(prompts.X, prompts.y, prompts.x_query, beta0, Gamma)
@@ -242,7 +240,7 @@ def lsa_gap(seed, beta_norms, N, n_prompts):
     d = problem.d
     Q, q = lsa.W[:, :d].T, lsa.W[:, d]
     mc = dyn.monte_carlo_risk(
-        problem, lambda p: cf.ltb_reduced_predict(p.X, p.y, p.x_query, np.zeros(d), lsa.a, lsa.b, Q, q), n_prompts, seed)
+        problem, lambda p: cf.ltb_reduced_predict(p.X, p.y, p.x_query, np.zeros(d), lsa.a, lsa.b, Q, q), n_prompts, seed=seed)
     z = mc.z_score(lsa.risk)
 
     gaps = np.array([r["gap"] for r in rows])
@@ -287,7 +285,7 @@ def _bayes_ratios(problem_at, N_values, n_contexts, seed):
     for N, child in zip(N_values, seed.spawn(len(N_values))):
         problem = problem_at(N)
         R_star = cf.optimal_risk(problem)
-        bayes = dyn.bayes_risk(problem, n_contexts, child)
+        bayes = dyn.bayes_risk(problem, n_contexts, seed=child)
         excess_gd, excess_bayes = R_star - problem.sigma2, bayes.mean - problem.sigma2
         lower, upper = cf.excess_risk_sandwich(problem)
         rows.append(dict(N=N, sigma2=problem.sigma2, snr=cf.snr(problem), R_star=R_star, bayes=bayes.mean,
@@ -400,8 +398,8 @@ def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
 )
 def gradient_flow_converges(seed, d, N, n_random_starts):
     problem_seed, singular_seed, start_seed = seed.spawn(3)
-    full_rank = GDBetaProblem.random(d, N, problem_seed, sigma2=0.5, beta_norm=1.0)
-    singular = GDBetaProblem.random(d, N, singular_seed, sigma2=0.5, beta_norm=1.0, rank_H=d - 1)
+    full_rank = GDBetaProblem.random(d, N, seed=problem_seed, sigma2=0.5, beta_norm=1.0)
+    singular = GDBetaProblem.random(d, N, seed=singular_seed, sigma2=0.5, beta_norm=1.0, rank_H=d - 1)
     rng = np.random.default_rng(start_seed)
     starts = [("full rank", full_rank, "zero", np.zeros(d), np.zeros((d, d)))]
     for k in range(n_random_starts):
@@ -415,8 +413,7 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
         m, rates = run.metrics, run.info["rates"]
         initial = m["beta_error"][0] + m["gamma_error"][0]
         final = m["beta_error"][-1] + m["gamma_error"][-1]
-        P_R = np.linalg.pinv(problem.H) @ problem.H
-        e_range = (run.states["beta0"] - problem.beta_star) @ P_R.T
+        e_range = (run.states["beta0"] - problem.beta_star) @ problem.H_range_projector.T
         sq = np.sum(e_range**2, axis=1)
         bound = np.exp(-rates.beta_uniform * run.times) * sq[0]
         rows.append(dict(problem=label, start=start, initial_error=initial, final_error=final,
@@ -503,7 +500,7 @@ def sgd_reaches_optimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
     optima = dict(gd_beta=R_star, ltb=R_star, lsa=cf.optimal_attention_risk(problem, mlp=False).risk)
     rows, curves = [], {}
     for model, child in zip(optima, seed.spawn(len(optima))):
-        runs = [dyn.minibatch_trajectory(problem, model, batch_size, steps, s, lr=lr) for s in child.spawn(seeds)]
+        runs = [dyn.minibatch_trajectory(problem, model, batch_size, steps, seed=s, lr=lr) for s in child.spawn(seeds)]
         finals = np.array([run.metrics["risk"][-1] for run in runs])
         se = finals.std(ddof=1) / np.sqrt(seeds)
         allowance = 0.01 * optima[model] + Z_TOLERANCE * se
@@ -566,7 +563,7 @@ def ltb_spurious_minimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
     R_local = float(equator.fun)
     h = 1e-3
     curvature = min(on_sphere(equator.x, h), on_sphere(equator.x, -h)) - R_local  # > 0: minimum across b = 0
-    finals = np.array([dyn.minibatch_trajectory(problem, "ltb", batch_size, steps, s, lr=lr, value_init="random")
+    finals = np.array([dyn.minibatch_trajectory(problem, "ltb", batch_size, steps, seed=s, lr=lr, value_init="random")
                        .metrics["risk"][-1] for s in seed.spawn(seeds)])
     near_global = np.abs(finals - R_star) <= 0.01 * R_star
     near_local = np.abs(finals - R_local) <= 0.01 * R_local
@@ -589,65 +586,14 @@ def ltb_spurious_minimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
 # `attnflow solve gd-beta`
 # ==================================================================================================
 
-SOLVE_PARAMETERS = {
-    "d": "dimension (default 2, or the size of H)",
-    "N": "context length (default 10)",
-    "sigma2": "noise variance σ² (default 0.25)",
-    "H": "feature covariance: a scalar (·I), a comma list (diagonal) or rows 'a,b;c,d' (default 1)",
-    "Psi": "task covariance, same forms as H (default 1)",
-    "beta_star": "task mean as a comma list (default beta_norm·e₁)",
-    "beta_norm": "‖β*‖ when beta_star is not given (default 1)",
-    "bayes_contexts": "Monte-Carlo contexts for the Bayes risk (default 20000)",
-    "seed": "seed of the Bayes Monte Carlo (default 0)",
-}
-
-
-def problem_from_params(params: dict) -> GDBetaProblem:
-    """A GDBetaProblem from ``--param`` values (see ``SOLVE_PARAMETERS``)."""
-    unknown = set(params) - set(SOLVE_PARAMETERS)
-    if unknown:
-        raise ValueError(f"unknown gd-beta parameter(s) {sorted(unknown)}; known: {', '.join(SOLVE_PARAMETERS)}")
-    shaped = [np.asarray(params[k]) for k in ("H", "Psi") if k in params and np.ndim(params[k]) > 0]
-    d = int(params.get("d", len(shaped[0]) if shaped else 2))
-    if d < 1:
-        raise ValueError(f"d must be >= 1, got {d}")
-
-    def matrix(name):
-        value = np.asarray(params.get(name, 1.0), dtype=float)
-        if value.ndim == 0:
-            return float(value) * np.eye(d)
-        if value.ndim == 1:
-            if value.size != d:
-                raise ValueError(f"{name} must have {d} diagonal entries, got {value.size}")
-            return np.diag(value)
-        return value
-
-    if "beta_star" in params:
-        beta_star = np.atleast_1d(np.asarray(params["beta_star"], dtype=float))
-    else:
-        beta_star = np.zeros(d)
-        beta_star[0] = float(params.get("beta_norm", 1.0))
-    N = params.get("N", 10)
-    if float(N) != int(N):
-        raise ValueError(f"N must be an integer, got {N}")
-    return GDBetaProblem(H=matrix("H"), Psi=matrix("Psi"), beta_star=beta_star,
-                         sigma2=float(params.get("sigma2", 0.25)), N=int(N))
-
-
-def solve(params: dict, want_figure: bool = False):
-    """Every closed form of the system at one problem, the Bayes risk by Monte Carlo and the gradient flow."""
-    problem = problem_from_params(params)
-    n_contexts = int(params.get("bayes_contexts", 20_000))
-    seed = int(params.get("seed", 0))
-    if n_contexts < 2 or seed < 0:
-        raise ValueError("bayes_contexts must be >= 2 and seed >= 0")
+def summary(problem: GDBetaProblem, *, seed, bayes_contexts: int = 20_000) -> dict:
+    """Every closed form of the system at one problem, and the Bayes risk by Monte Carlo (``attnflow solve``)."""
     R_star = cf.optimal_risk(problem)
     lsa = cf.optimal_attention_risk(problem, mlp=False)
     ltb = cf.optimal_attention_risk(problem, mlp=True)
-    bayes = dyn.bayes_risk(problem, n_contexts, seed)
+    bayes = dyn.bayes_risk(problem, bayes_contexts, seed=seed)
     rates = cf.local_rates(problem)
-    flow = dyn.population_trajectory(problem)
-    summary = {
+    return {
         "d": problem.d, "N": problem.N, "sigma2": problem.sigma2, "SNR tr(HΨ)/σ²": cf.snr(problem),
         "‖β*‖_H": problem.beta_norm_H,
         "R* optimal GD-β risk (Thm 5.2)": R_star,
@@ -662,23 +608,7 @@ def solve(params: dict, want_figure: bool = False):
         "excess ratio GD-β/Bayes (Cor 6.2)": (R_star - problem.sigma2) / (bayes.mean - problem.sigma2),
         "local rate β₀": rates.beta,
         "local rate Γ": rates.gamma_mode,
-        "flow: t_end": flow.times[-1],
-        "flow: final excess risk": flow.metrics["excess_risk"][-1],
-        "flow: right-hand-side evaluations": flow.info["n_rhs_evals"],
     }
-    figure = None
-    if want_figure:
-        figure, (ax_flow, ax_risk) = plots.figure(ncols=2)
-        t = flow.times
-        for key, label in (("excess_risk", "R − R*"), ("beta_error", "‖β₀ − β*‖"), ("gamma_error", "‖Γ − Γ*‖_F")):
-            ax_flow.plot(t[1:], flow.metrics[key][1:], label=label)
-        plots.finish(ax_flow, "Gradient flow from (0, 0)", "t", "error", logx=True, logy=True)
-        names = ["σ²", "Bayes", "R* (GD-β = LTB)", "inf LSA", "GD-0"]
-        values = [problem.sigma2, bayes.mean, R_star, lsa.risk, cf.gd0_optimal_risk(problem)]
-        ax_risk.bar(names, values, color=["gray", "tab:green", "tab:blue", "tab:orange", "tab:red"])
-        ax_risk.tick_params(axis="x", labelsize=8)
-        plots.finish(ax_risk, f"Risks at N = {problem.N}", "", "ICL risk")
-    return summary, figure
 
 
 # ==================================================================================================
@@ -694,14 +624,14 @@ GRADIENT_LAW = ScalingLaw(
     "gd_beta.minibatch_gradient_deviation",
     reference=f"{PAPER}: the population gradient of Lemma G.2 (spec §9) against its minibatch estimate",
     description="‖ĝ_B − ∇R‖² at a fixed (β₀, Γ): the squared distance between the minibatch gradient on B fresh "
-                "prompts and the closed-form population gradient. A fixed random instance (instance_seed) and "
-                "parameter; the sweep seed draws only the batch.",
-    defaults=dict(batch_size=64, d=3, N=10, instance_seed=2024),
+                "prompts and the closed-form population gradient. The random instance and parameter come from "
+                "the run's instance seed (the same at every replicate); the replicate's seed draws only the batch.",
+    defaults=dict(batch_size=64, d=3, N=10),
     law=GRADIENT_LAW,
 )
-def minibatch_gradient_deviation(seed, batch_size, d, N, instance_seed):
-    problem_seed, parameter_seed = np.random.SeedSequence(int(instance_seed)).spawn(2)
-    problem = GDBetaProblem.random(int(d), int(N), problem_seed, sigma2=0.5)
+def minibatch_gradient_deviation(seed, batch_size, d, N):
+    problem_seed, parameter_seed = seeding.spawn(seeding.instance(seed), 2)
+    problem = GDBetaProblem.random(int(d), int(N), seed=problem_seed, sigma2=0.5)
     rng = np.random.default_rng(parameter_seed)
     beta0, Gamma = rng.normal(size=problem.d), rng.normal(size=(problem.d, problem.d)) / problem.d
     batch_size = int(batch_size)
@@ -726,9 +656,8 @@ def minibatch_gradient_deviation(seed, batch_size, d, N, instance_seed):
 def minibatch_gradient_scaling(seed, batch_sizes, seeds):
     from .sweep import run_sweep, scaling_fit
 
-    master = int(seed.generate_state(1)[0])
     result = run_sweep("gd_beta.minibatch_gradient_deviation", {"batch_size": list(batch_sizes)}, seeds=seeds,
-                       master_seed=master, n_jobs=1)
+                       master_seed=seed, n_jobs=1)
     fit = scaling_fit(result)
     x, y = result.values("squared_deviation", "batch_size")
     means, ses = y.mean(axis=1), y.std(axis=1, ddof=1) / np.sqrt(seeds)
@@ -745,3 +674,30 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
         passed=fit.contains(GRADIENT_LAW.exponent),
         details=[dict(batch_size=int(b), mean_squared_deviation=m, standard_error=s) for b, m, s in zip(x, means, ses)],
         figure=figure)
+
+
+SYSTEM = System(
+    key="gd_beta",
+    title="LSA vs the Linear Transformer Block: one step of GD with a learnable initialisation (GD-β)",
+    reference=PAPER,
+    problem=GDBetaProblem,
+    population=dyn.population,
+    minibatch=dyn.minibatch,
+    population_options=(
+        Parameter("t_end", "real", None, "flow time (default 30 / slowest local rate)", minimum=0.0, strict=True),
+        Parameter("n_points", "integer", 200, "recorded times", minimum=2, maximum=100_000),
+    ),
+    minibatch_options=(
+        Parameter("model", "choice", "gd_beta", "the trained model", choices=dyn.MODELS),
+        Parameter("batch_size", "integer", 128, "prompts per step", minimum=1, maximum=1_000_000),
+        Parameter("steps", "integer", 1000, "training steps", minimum=1, maximum=10_000_000),
+        Parameter("lr", "real", 0.05, "learning rate", minimum=0.0, strict=True),
+        Parameter("optimizer", "choice", "adam", "the optimiser", choices=tuple(dyn.OPTIMIZERS)),
+    ),
+    summary=summary,
+    summary_options=(
+        Parameter("bayes_contexts", "integer", 20_000, "Monte-Carlo contexts for the Bayes risk", minimum=2,
+                  maximum=100_000_000),
+    ),
+    docs="docs/gd_beta.md",
+)

@@ -6,12 +6,13 @@ import warnings
 
 import numpy as np
 
-from closed_forms import one_nn as cf
-from closed_forms.one_nn import OneNNProblem
-from dynamics import one_nn as dyn
+from attnflow.closed_forms import one_nn as cf
+from attnflow.closed_forms.one_nn import OneNNProblem
+from attnflow.dynamics import one_nn as dyn
 
 from . import plots
 from .claims import Outcome, claim
+from .systems import Parameter, System
 from .stats import Z_TOLERANCE, fit_power_law, z_basis
 
 PAPER = "Li, Cao, Gao, He, Liu, Klusowski, Fan & Wang, NeurIPS 2024 (arXiv:2411.10830)"
@@ -39,7 +40,7 @@ def quadrature_matches_monte_carlo(seed, n_prompts, points):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the achieved error enters the tolerance below
             quad = cf.reduced_loss(problem, xi1, xi2, rtol=1e-4)
-        mc = dyn.monte_carlo_loss(problem, xi1, xi2, n_prompts, child)
+        mc = dyn.monte_carlo_loss(problem, xi1, xi2, n_prompts, seed=child)
         for name, value, error in (("loss", quad.loss, quad.loss_error), ("d_xi1", quad.d_xi1, quad.gradient_error),
                                    ("d_xi2", quad.d_xi2, quad.gradient_error)):
             se = math.hypot(mc[name].standard_error, error)
@@ -170,7 +171,7 @@ def asymptotic_constant(seed, d, N, xi1_values):
 )
 def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
     reduced = dyn.reduced_trajectory(EXAMPLE, eta, steps, n_records=10)
-    runs = [dyn.full_gd_trajectory(EXAMPLE, eta, steps, batch_size, s, n_records=10) for s in seed.spawn(seeds)]
+    runs = [dyn.full_gd_trajectory(EXAMPLE, eta, steps, batch_size, seed=s, n_records=10) for s in seed.spawn(seeds)]
     rows = []
     for name, predicted in (("xi1", reduced.states["xi1"][-1]), ("xi2", reduced.states["xi2"][-1])):
         values = np.array([run.states[name][-1] for run in runs])
@@ -207,8 +208,8 @@ def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
 )
 def full_gd_leaves_manifold(seed, eta_small, eta_large, steps, batch_size):
     small_seed, large_seed = seed.spawn(2)
-    small = dyn.full_gd_trajectory(EXAMPLE, eta_small, steps, batch_size, small_seed)
-    large = dyn.full_gd_trajectory(EXAMPLE, eta_large, steps, batch_size, large_seed)
+    small = dyn.full_gd_trajectory(EXAMPLE, eta_small, steps, batch_size, seed=small_seed)
+    large = dyn.full_gd_trajectory(EXAMPLE, eta_large, steps, batch_size, seed=large_seed)
     small_entry = float(np.max(np.abs(small.metrics["label_indicator"])))
     large_entry = float(np.max(np.abs(large.metrics["label_indicator"])))
     # Noise level of one step's update of that entry: η · (minibatch SE of its gradient) ≈ η/√B (|g| <= 1).
@@ -244,7 +245,7 @@ def distribution_shift(seed, delta, checkpoints, n_prompts, eta):
     for step, child in zip(checkpoints, seed.spawn(len(checkpoints))):
         i = int(np.argmin(np.abs(run.times - step)))
         xi1, xi2 = run.states["xi1"][i], run.states["xi2"][i]
-        loss, bound = dyn.shifted_test_loss(EXAMPLE, xi1, xi2, n_prompts, delta, child)
+        loss, bound = dyn.shifted_test_loss(EXAMPLE, xi1, xi2, n_prompts, delta, seed=child)
         rows.append(dict(step=int(run.times[i]), xi1=xi1, xi2=xi2, test_loss=loss.mean, standard_error=loss.standard_error,
                          bound=bound.mean))
     losses = np.array([r["test_loss"] for r in rows])
@@ -294,3 +295,25 @@ def context_length(seed, configs, steps):
         tolerance="final/initial loss < 1/3 in every configuration (η = 50·d)",
         basis="deterministic reduced GD on the quadrature",
         passed=all(r["ratio"] < 1 / 3 for r in rows), details=rows)
+
+
+SYSTEM = System(
+    key="one_nn",
+    title="Softmax attention learns 1-nearest-neighbour: the (ξ₁, ξ₂) reduction by quadrature",
+    reference=PAPER,
+    problem=OneNNProblem,
+    population=dyn.population,
+    minibatch=dyn.minibatch,
+    population_options=(
+        Parameter("eta", "real", 200.0, "GD step size η", minimum=0.0, strict=True),
+        Parameter("steps", "integer", 300, "GD steps", minimum=1, maximum=10_000_000),
+        Parameter("n_records", "integer", 100, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+    ),
+    minibatch_options=(
+        Parameter("eta", "real", 1.5, "GD step size η", minimum=0.0, strict=True),
+        Parameter("steps", "integer", 60, "GD steps", minimum=1, maximum=10_000_000),
+        Parameter("batch_size", "integer", 256, "fresh prompts per step", minimum=1, maximum=1_000_000),
+        Parameter("n_records", "integer", 50, "recorded steps", minimum=2, maximum=100_000),
+    ),
+    docs="docs/one_nn.md",
+)

@@ -69,3 +69,27 @@ def scaling_figure(x, y, fit, law, title: str):
     theory_line(ax, x, line(law.exponent), label=f"theory {law.exponent:g}")
     finish(ax, title, law.x, law.y, logx=loglog, logy=True)
     return fig
+
+
+def trajectory_figure(trajectory, title: str, time_label: str, *, max_panels: int = 6):
+    """Every named metric of a Trajectory against time, one panel each (at most ``max_panels``).
+
+    A metric that is positive throughout and spans more than a decade is drawn on a log axis (rates then read
+    as slopes); the time axis stays linear, where exponential convergence is a straight line."""
+    names = list(trajectory.metrics)[:max_panels]
+    if not names:
+        raise ValueError("the trajectory records no metric to plot")
+    ncols = min(3, len(names))
+    nrows = -(-len(names) // ncols)
+    fig, axes = figure(ncols=ncols, nrows=nrows, width=3.8, height=3.0)
+    axes = np.atleast_1d(axes)
+    for ax, name in zip(axes, names):
+        values = np.asarray(trajectory.metrics[name], float)
+        finite = values[np.isfinite(values)]
+        log = finite.size > 0 and finite.min() > 0 and finite.max() / finite.min() > 10
+        ax.plot(trajectory.times, values, marker="." if values.size <= 60 else None)
+        finish(ax, name, time_label, name, logy=log)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    return fig

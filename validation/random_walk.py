@@ -10,12 +10,13 @@ import math
 import numpy as np
 from scipy.special import logsumexp
 
-from closed_forms import random_walk as cf
-from closed_forms.random_walk import RandomWalkProblem
-from dynamics import random_walk as dyn
+from attnflow.closed_forms import random_walk as cf
+from attnflow.closed_forms.random_walk import RandomWalkProblem
+from attnflow.dynamics import random_walk as dyn
 
 from . import plots
 from .claims import Outcome, claim
+from .systems import Parameter, System
 from .stats import Z_TOLERANCE, fit_power_law, z_basis
 
 PAPER = "Shi & Cao, NeurIPS 2025 (arXiv:2511.23239)"
@@ -41,7 +42,7 @@ def reduced_equals_full_gd(seed, K, N, M, eta, steps, ps):
         problem = RandomWalkProblem(K=K, N=N, p=p, M=M, eta=eta)
         n_steps = min(steps, ridge_steps) if p in (0.0, 1.0) else steps
         reduced = dyn.reduced_trajectory(problem, cf.enumerate_paths(problem), n_steps)
-        full = dyn.full_gd_trajectory(problem, dyn.population_sequences(problem), n_steps)
+        full = dyn.full_gd_trajectory(problem, dyn.population_sequences(problem), n_steps, seed=seed)
         V_reduced = np.array([cf.circulant(v) for v in reduced.states["v"]])
         S_reduced = np.exp(reduced.states["z"] - reduced.states["z"].max(axis=1, keepdims=True))
         S_reduced /= S_reduced.sum(axis=1, keepdims=True)
@@ -336,3 +337,24 @@ def ridge_escape(seed, K, r, M, scales, steps):
         passed=bool(escaped and monotone and fit is not None and fit[0] < 0), details=rows, figure=figure,
         notes="Zero init is exactly on the ridge; any escape there comes from float64 round-off (~1e-16) amplified "
               "by the instability. The accuracies after escape show training then succeeds (spec §7).")
+
+
+SYSTEM = System(
+    key="random_walk",
+    title="A transformer learns a random walk on a circle: the exact (v, z) reduction",
+    reference=PAPER,
+    problem=RandomWalkProblem,
+    population=dyn.population,
+    minibatch=dyn.minibatch,
+    population_options=(
+        Parameter("steps", "integer", 400, "GD steps", minimum=0, maximum=10_000_000),
+        Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+    ),
+    minibatch_options=(
+        Parameter("steps", "integer", 400, "GD steps", minimum=0, maximum=10_000_000),
+        Parameter("n_sequences", "integer", 2000, "sampled training sequences", minimum=1, maximum=10_000_000),
+        Parameter("init_scale", "real", 0.0, "standard deviation of the initial weights", minimum=0.0),
+        Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+    ),
+    docs="docs/random_walk.md",
+)

@@ -9,23 +9,26 @@ import math
 
 import numpy as np
 
-from closed_forms import scb as cf
-from closed_forms.scb import SCBProblem
-from dynamics import scb as dyn
-from dynamics.integrate import DivergenceError
+from attnflow import seeding
+from attnflow.closed_forms import scb as cf
+from attnflow.closed_forms import symbolic
+from attnflow.closed_forms.scb import SCBProblem
+from attnflow.dynamics import scb as dyn
 
-from . import plots
+from . import batch_search, plots
 from .claims import Outcome, claim
+from .systems import Parameter, System
 from .stats import Z_TOLERANCE, z_basis
 
 PAPER = "Ren, Wang & Lee, NeurIPS 2024 (arXiv:2410.23438)"
-ETA = 0.25  # normalised step of spec §11
+ETA = dyn.ETA  # normalised step of spec §11
 ROUND_OFF = 1e-12
 
 
-def _example(seed: int = 0, N: int = 5, T: int = 8, sparsity: int = 2) -> SCBProblem:
-    """The spec §11 default instance: N = 5, T = 8, sparsity 2, Dirichlet(1) columns, C = 2."""
-    return SCBProblem.random(N, T, sparsity, seed=seed)
+def _example(seed, N: int = 5, T: int = 8, sparsity: int = 2) -> SCBProblem:
+    """The spec §11 default instance (N = 5, T = 8, sparsity 2, Dirichlet(1) columns, C = 2), drawn from the run's
+    instance seed (:func:`attnflow.seeding.instance`): every claim of a run studies the same instance."""
+    return SCBProblem.random(N, T, sparsity, seed=seeding.instance(seed))
 
 
 @claim(
@@ -38,13 +41,13 @@ def _example(seed: int = 0, N: int = 5, T: int = 8, sparsity: int = 2) -> SCBPro
     full=dict(samples=2_000_000, chunks=100),
 )
 def closed_forms_match_monte_carlo(seed, samples, chunks):
-    problem = _example()
+    problem = _example(seed)
     rng = np.random.default_rng(seed.spawn(1)[0])
     points = {"generic": (rng.normal(size=(problem.N,) * 2), rng.normal(size=(problem.T, problem.N))),
               "on the line": cf.line_point(problem, 0.6, 0.4), "ground truth": (problem.P, problem.Q_star)}
     rows = []
     for (label, (V, Q)), child in zip(points.items(), seed.spawn(len(points))):
-        draws = [dyn.minibatch_gradients(problem, V, Q, samples // chunks, s) for s in child.spawn(chunks)]
+        draws = [dyn.minibatch_gradients(problem, V, Q, samples // chunks, seed=s) for s in child.spawn(chunks)]
         grad_V, grad_Q = cf.raw_gradients(problem, V, Q)
         G_V, G_Q = cf.preconditioned_gradients(problem, V, Q)
         exact = dict(loss=cf.population_risk(problem, V, Q), grad_V=grad_V, grad_Q=grad_Q, G_V=G_V, G_Q=G_Q)
@@ -80,9 +83,9 @@ def standardised_error(mean, standard_error, exact) -> float:
     quick=dict(steps=200), full=dict(steps=1000),
 )
 def reduced_systems_are_exact(seed, steps):
-    problem = _example()
+    problem = _example(seed)
     eta_V, eta_Q = ETA / problem.K_Q, ETA / problem.K_P
-    line = dyn.line_trajectory(problem, eta_V, eta_Q, steps)
+    line = dyn.line_trajectory(problem, eta_V, eta_Q, steps).states["alpha"]
     V, Q = problem.initial_point()
     off_line, line_gap = 0.0, 0.0
     for t in range(steps):
@@ -120,7 +123,7 @@ def reduced_systems_are_exact(seed, steps):
 def _flow_crossing(problem: SCBProblem, level: float, tau_max: float = 60.0) -> float:
     """First normalised time τ with max(α_V, α_Q) >= level along the flow of spec §8.3 (dense DOPRI5 output)."""
     taus = np.linspace(0.0, tau_max, 6001)
-    top = dyn.normalised_flow(problem.epsilon, [0.0, 0.0], taus).max(axis=1)
+    top = dyn.normalised_flow(problem.epsilon, [0.0, 0.0], taus).states["alpha"].max(axis=1)
     i = int(np.argmax(top >= level))
     if top[i] < level:
         raise RuntimeError(f"the flow did not reach {level} by τ = {tau_max}")
@@ -134,13 +137,13 @@ def _flow_crossing(problem: SCBProblem, level: float, tau_max: float = 60.0) -> 
     quick=dict(tau=5.0, etas=(0.1, 0.05, 0.025)), full=dict(tau=5.0, etas=(0.2, 0.1, 0.05, 0.025, 0.0125)),
 )
 def map_approaches_flow(seed, tau, etas):
-    problem = _example()
+    problem = _example(seed)
     x0 = (0.05, 0.02)  # off the origin's saddle, so the gap is not dominated by the first steps
-    reference = dyn.normalised_flow(problem.epsilon, x0, [0.0, tau], rtol=1e-12, atol=1e-14)[-1]
+    reference = dyn.normalised_flow(problem.epsilon, x0, [0.0, tau], rtol=1e-12, atol=1e-14).states["alpha"][-1]
     gaps = []
     for eta in etas:
         steps = int(round(tau / eta))
-        path = dyn.line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps, x0=x0)
+        path = dyn.line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps, x0=x0).states["alpha"]
         gaps.append(float(np.linalg.norm(path[-1] - reference)))
     orders = [math.log(g1 / g2) / math.log(e1 / e2) for g1, g2, e1, e2 in zip(gaps, gaps[1:], etas, etas[1:])]
     return Outcome(
@@ -160,7 +163,7 @@ def map_approaches_flow(seed, tau, etas):
 def stage1_duration(seed, Ts, c):
     rows = []
     for T in Ts:
-        problem = _example(T=T)
+        problem = _example(seed, T=T)
         measured = _flow_crossing(problem, c)
         rows.append(dict(T=T, K_Q=problem.K_Q, epsilon=problem.epsilon, tau1=measured,
                          predicted=cf.stage1_duration(problem, ETA, c)["tau"]))
@@ -196,7 +199,7 @@ def stage1_duration(seed, Ts, c):
     quick=dict(T=8, span=20.0), full=dict(T=64, span=200.0),
 )
 def slow_mode(seed, T, span):
-    problem = _example(T=T)
+    problem = _example(seed, T=T)
     eps = problem.epsilon
     predicted = cf.slow_mode_rate(problem)
     jacobian = np.array([[-1 - eps, -1.0], [-1.0, -1.0]])
@@ -204,7 +207,7 @@ def slow_mode(seed, T, span):
     slow = vectors[:, np.argmax(values)]
     delta = 1e-7
     taus = np.linspace(0.0, span, 21)
-    path = dyn.normalised_flow(eps, 1 + delta * slow, taus, rtol=1e-12, atol=1e-16)
+    path = dyn.normalised_flow(eps, 1 + delta * slow, taus, rtol=1e-12, atol=1e-16).states["alpha"]
     distance = np.linalg.norm(path - 1.0, axis=1)
     rate = float(np.polyfit(taus[5:], np.log(distance[5:]), 1)[0])
     return Outcome(
@@ -223,7 +226,7 @@ def slow_mode(seed, T, span):
     quick=dict(lam=0.02, eta=0.3, c1=0.5, steps=400), full=dict(lam=0.02, eta=0.3, c1=0.5, steps=3000),
 )
 def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
-    problem = _example()
+    problem = _example(seed)
     T, Qs = problem.T, problem.sparsity
     eta_V, eta_Q = eta / problem.K_Q, eta / problem.K_P
     support = problem.Q_star > 0
@@ -272,17 +275,13 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
     quick=dict(gamma=0.2, rho=0.6), full=dict(gamma=0.05, rho=0.3),
 )
 def transfer_one_step(seed, gamma, rho):
-    problem = _example()
-    N, mu = problem.N, problem.mu
-    P_tilde = cf.related_transition(problem, rho, seed.spawn(1)[0])
-    base = np.outer(mu, np.ones(N))
-    overlap = cf.mu_inner(problem, P_tilde - base, problem.P - base)
-    eta0 = 1.0 / (gamma * overlap)  # spec §13 #12: α_Q(1) = 1
-    V0 = base + gamma * (P_tilde - base)
-    _, Q0 = problem.initial_point()
+    problem = _example(seed)
+    P_tilde = cf.related_transition(problem, rho, seed=seed.spawn(1)[0])
+    eta0 = cf.transfer_step_size(problem, P_tilde, gamma)  # spec §13 #12: α_Q(1) = 1
+    V0, Q0 = cf.transfer_start(problem, P_tilde, gamma)
     _, Q1 = cf.population_map_step(problem, V0, Q0, 1e-300, eta0)
     c = cf.reduced_coordinates(problem, V0, Q1)
-    predicted = eta0 * gamma * overlap
+    predicted = eta0 * gamma * cf.transfer_overlap(problem, P_tilde)
     return Outcome(
         measured={"α_Q(1)": c["alpha_Q"], "e_Q(1) = ‖ΔQ(1)‖²_μ": c["e_Q"], "e_V(0)": c["e_V"]},
         predicted={"α_Q(1)": predicted, "e_Q(1)": 0.0},
@@ -300,22 +299,21 @@ def transfer_one_step(seed, gamma, rho):
     full=dict(N=5, T=8, sparsity=2, stage1=(40, 128_000), stage2=(150, 32_000), stage3=(80, 64_000), lam=0.01),
 )
 def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage3, lam):
-    problem = _example(N=N, T=T, sparsity=sparsity)
+    problem = _example(seed, N=N, T=T, sparsity=sparsity)
     run = dyn.run_algorithm1(problem, dyn.StageSettings(*stage1, ETA), dyn.StageSettings(*stage2, ETA, lam=lam),
-                             dyn.StageSettings(*stage3, ETA, eta_V=0.1 / problem.K_Q), seed)
-    error_V = math.sqrt(cf.mu_norm2(problem, run.V - problem.P) / problem.K_P)
-    error_Q = math.sqrt(cf.mu_norm2(problem, run.Q - problem.Q_star) / problem.K_Q)
-    invariants = max(run.series("colsum_V").max(), run.series("stationarity_V").max(), run.series("colsum_Q").max())
+                             dyn.StageSettings(*stage3, ETA, eta_V=0.1 / problem.K_Q), seed=seed)
+    error_V, error_Q = dyn.relative_errors(problem, run.final["V"], run.final["Q"])
+    invariants = max(run.metrics["colsum_V"].max(), run.metrics["stationarity_V"].max(), run.metrics["colsum_Q"].max())
 
     def figure():
         fig, (ax_a, ax_d) = plots.figure(ncols=2)
-        steps = run.series("step")
-        ax_a.plot(steps, run.series("alpha_V"), label="α_V")
-        ax_a.plot(steps, run.series("alpha_Q"), label="α_Q")
-        ax_d.plot(steps, run.series("dist_V") / math.sqrt(problem.K_P), label="‖V − P‖_μ/√K_P")
-        ax_d.plot(steps, run.series("dist_Q") / math.sqrt(problem.K_Q), label="‖Q − Q*‖_μ/√K_Q")
+        steps = run.times
+        ax_a.plot(steps, run.metrics["alpha_V"], label="α_V")
+        ax_a.plot(steps, run.metrics["alpha_Q"], label="α_Q")
+        ax_d.plot(steps, run.metrics["dist_V"] / math.sqrt(problem.K_P), label="‖V − P‖_μ/√K_P")
+        ax_d.plot(steps, run.metrics["dist_Q"] / math.sqrt(problem.K_Q), label="‖Q − Q*‖_μ/√K_Q")
         for ax in (ax_a, ax_d):
-            for b in run.boundaries:
+            for b in run.info["boundaries"]:
                 ax.axvline(b, color="gray", ls=":")
         plots.finish(ax_a, "Algorithm 1 on minibatches: the line coordinates", "step", "value")
         plots.finish(ax_d, "Distance to the ground truth", "step", "relative error", logy=True)
@@ -323,7 +321,7 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
 
     return Outcome(
         measured={"relative error of V": error_V, "relative error of Q": error_Q, "max invariant violation": invariants,
-                  "samples": run.samples, "soft-threshold violations (q < −η_Qλ)": run.violations},
+                  "samples": run.info["samples"], "soft-threshold violations (q < −η_Qλ)": run.info["violations"]},
         predicted={"relative errors": "< 0.05 (spec §12 measured 0.011, 0.023)", "invariants": 0.0},
         tolerance=f"both relative errors below 0.05; invariants below {ROUND_OFF:g}",
         basis="the issue's recovery criterion (5%); the invariants are exact for the preconditioned update (spec §5)",
@@ -341,22 +339,22 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
     full=dict(T=128, stage1=(45, 100_000), steps=300, batch=1000, lam=0.005, sgd_etas=(0.25, 0.05), seeds=4),
 )
 def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
-    problem = _example(T=T)
+    problem = _example(seed, T=T)
     rows = []
     runs = {}
     for s, child in enumerate(seed.spawn(seeds)):
         s1, s2, s3 = child.spawn(3)
-        first = dyn.run_stage1(problem, dyn.StageSettings(*stage1, ETA), s1)
-        start = (first.V, first.Q)
-        alpha_Q = float(first.records[-1, 2])
-        prox = dyn.run_stages_2_3(problem, start, dyn.StageSettings(steps, batch, ETA, lam=lam), s2, alpha_Q=alpha_Q,
+        first = dyn.run_stage1(problem, dyn.StageSettings(*stage1, ETA), seed=s1)
+        start = (first.final["V"], first.final["Q"])
+        alpha_Q = first.last("alpha_Q")
+        prox = dyn.run_stages_2_3(problem, start, dyn.StageSettings(steps, batch, ETA, lam=lam), seed=s2, alpha_Q=alpha_Q,
                                   offset=stage1[0])
         row = dict(seed=s, alpha_Q_after_stage1=alpha_Q)
-        row["proximal"] = dyn.relative_errors(problem, prox.V, prox.Q)
+        row["proximal"] = dyn.relative_errors(problem, prox.final["V"], prox.final["Q"])
         runs[(s, "proximal")] = prox
         for eta, grandchild in zip(sgd_etas, s3.spawn(len(sgd_etas))):
-            sgd = dyn.run_sgd(problem, dyn.StageSettings(steps, batch, eta), grandchild, start=start, offset=stage1[0])
-            row[f"sgd η={eta:g}"] = dyn.relative_errors(problem, sgd.V, sgd.Q)
+            sgd = dyn.run_sgd(problem, dyn.StageSettings(steps, batch, eta), seed=grandchild, start=start, offset=stage1[0])
+            row[f"sgd η={eta:g}"] = dyn.relative_errors(problem, sgd.final["V"], sgd.final["Q"])
             runs[(s, f"sgd η={eta:g}")] = sgd
         rows.append(row)
     worst_prox = [max(r["proximal"][i] for r in rows) for i in (0, 1)]
@@ -366,7 +364,7 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
         fig, ax = plots.figure()
         for (s, name), run in runs.items():
             if s == 0:
-                ax.plot(run.series("step"), run.series("dist_Q") / math.sqrt(problem.K_Q), label=f"{name}: ‖Q − Q*‖_μ/√K_Q")
+                ax.plot(run.times, run.metrics["dist_Q"] / math.sqrt(problem.K_Q), label=f"{name}: ‖Q − Q*‖_μ/√K_Q")
         final = rows[0]["proximal"][1]
         ax.plot([stage1[0] + steps], [final], "k*", markersize=12, label="proximal after normalisation")
         plots.finish(ax, f"Figure-1-like: T = {T}, batch {batch}", "step", "relative distance", logy=True)
@@ -397,29 +395,25 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
 def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
     from .stats import fit_exponent
 
-    problem = _example()
+    problem = _example(seed)
     eta_V, eta_Q = ETA / problem.K_Q, ETA / problem.K_P
-    line = dyn.line_trajectory(problem, eta_V, eta_Q, horizon)
+    line = dyn.line_trajectory(problem, eta_V, eta_Q, horizon).states["alpha"]
     # Stage 2 starts from the rounded population point at α_Q = 0.5 (spec §8.5's entry), V on its line.
     V0, Q0 = cf.line_point(problem, 0.5, 0.5)
-    support = problem.Q_star > 0
-    Q0 = np.where(support, Q0, 0.0)
-    Q0 = Q0 + (1 - Q0.sum(axis=0)) / problem.T
-    V_pop, Q_pop = V0, Q0
-    for _ in range(horizon):
-        V_pop, Q_pop = cf.population_map_step(problem, V_pop, Q_pop, eta_V, eta_Q, lam)
+    Q0 = dyn.round_to_supports(problem, Q0)
+    V_pop, Q_pop = cf.population_map(problem, V0, Q0, eta_V, eta_Q, lam, steps=horizon)
     stage1 = np.zeros((len(batches), seeds))
     stage2 = np.zeros((len(batches), seeds))
     for i, (batch, child) in enumerate(zip(batches, seed.spawn(len(batches)))):
         for s, grandchild in enumerate(child.spawn(seeds)):
             first, second = grandchild.spawn(2)
-            run = dyn.run_stage1(problem, dyn.StageSettings(horizon, batch, ETA), first, record_every=1)
-            stage1[i, s] = math.hypot(run.series("alpha_V")[-1] - line[-1, 0], run.series("alpha_Q")[-1] - line[-1, 1])
-            V, Q = (np.array(m, dtype=float) for m in (V0, Q0))
-            rec, _ = dyn._run_stage(problem, V, Q, dyn.StageSettings(horizon, batch, ETA, lam=lam), second, 0, horizon)
-            stage2[i, s] = math.sqrt(cf.mu_norm2(problem, V - V_pop) / problem.K_P
-                                     + cf.mu_norm2(problem, Q - Q_pop) / problem.K_Q)
-    fits = {"Stage 1": fit_exponent(batches, stage1, seed=0), "Stage 2 (λ > 0)": fit_exponent(batches, stage2, seed=0)}
+            run = dyn.run_stage1(problem, dyn.StageSettings(horizon, batch, ETA), seed=first, record_every=1)
+            stage1[i, s] = math.hypot(run.metrics["alpha_V"][-1] - line[-1, 0], run.metrics["alpha_Q"][-1] - line[-1, 1])
+            run = dyn.run_stage(problem, (V0, Q0), dyn.StageSettings(horizon, batch, ETA, lam=lam), seed=second,
+                                record_every=horizon)
+            stage2[i, s] = cf.relative_distance(problem, (run.final["V"], run.final["Q"]), (V_pop, Q_pop))
+    boot = seeding.named(seed, "bootstrap")
+    fits = {"Stage 1": fit_exponent(batches, stage1, seed=boot), "Stage 2 (λ > 0)": fit_exponent(batches, stage2, seed=boot)}
 
     def figure():
         fig, ax = plots.figure()
@@ -446,17 +440,6 @@ def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
                  for i, b in enumerate(batches)])
 
 
-def _off_support_spread(problem: SCBProblem, Q) -> float:
-    """Σ_k μ_k Σ_{t ∉ S_k} (q_t⁽ᵏ⁾ − mean_off)²: the μ-weighted spread of the attention entries off the true
-    supports around their column mean (the proximal step makes them all equal, the affine projection's b₀)."""
-    off_support = problem.Q_star == 0
-    total = 0.0
-    for k in range(problem.N):
-        values = Q[off_support[:, k], k]
-        total += problem.mu[k] * float(np.sum((values - values.mean()) ** 2)) if values.size else 0.0
-    return total
-
-
 @claim(
     "scb.noise_floor_without_threshold",
     reference=f"{PAPER}: the role of the ℓ₁ step (spec §9, C11)",
@@ -472,17 +455,17 @@ def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds):
     plain = np.zeros((len(Ts), seeds))
     proximal = np.zeros((len(Ts), seeds))
     for i, (T, child) in enumerate(zip(Ts, seed.spawn(len(Ts)))):
-        problem = _example(T=T)
+        problem = _example(seed, T=T)
         for s, grandchild in enumerate(child.spawn(seeds)):
             for out, lam_run, part in ((plain, 0.0, 0), (proximal, lam, 1)):
-                V, Q = (np.array(m, dtype=float) for m in (problem.P, problem.Q_star))
-                dyn._run_stage(problem, V, Q, dyn.StageSettings(steps, batch, ETA, lam=lam_run),
-                               grandchild.spawn(2)[part], 0, steps)
-                out[i, s] = _off_support_spread(problem, Q)
+                run = dyn.run_stage(problem, (problem.P, problem.Q_star),
+                                    dyn.StageSettings(steps, batch, ETA, lam=lam_run), seed=grandchild.spawn(2)[part],
+                                    record_every=steps)
+                out[i, s] = cf.off_support_spread(problem, run.final["Q"])
     # Degrees of freedom of the spread: T − Q − 1 off-support entries measured about their own mean, each with the
     # variance the centred gradient (I − 11ᵀ/T) leaves, (1 − 1/T) of the uncentred one (spec §9 heuristic).
-    degrees = [(T - _example(T=T).sparsity - 1) * (1 - 1 / T) for T in Ts]
-    fit = fit_exponent(degrees, plain, seed=0)
+    degrees = [(T - _example(seed, T=T).sparsity - 1) * (1 - 1 / T) for T in Ts]
+    fit = fit_exponent(degrees, plain, seed=seeding.named(seed, "bootstrap"))
     ratio = float((proximal.mean(axis=1) / plain.mean(axis=1)).max())
     difference = plain - proximal  # paired by seed
     z = difference.mean(axis=1) / (difference.std(axis=1, ddof=1) / math.sqrt(seeds))
@@ -511,98 +494,42 @@ def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds):
                  for i, T in enumerate(Ts)])
 
 
-BATCH_GRID_RATIO = math.sqrt(2)  # the ascending batch grid of the critical-batch search
-
-
-def _critical_batches(success, seeds, start: int, max_batch: int, n_criteria: int = 1) -> tuple[np.ndarray, bool]:
-    """Per seed, the first batch on the ascending grid round(√2^k) (from ``start``) at which each criterion of
-    ``success(batch, seed) -> tuple[bool, ...]`` (``n_criteria`` of them) holds; the walk stops once all have held. Returns (first
-    successes, shape (n_criteria, n_seeds), censored): a criterion never met up to ``max_batch`` is recorded one
-    grid step above it and flags the result as censored. A run that diverges or loses the signal counts as a failure. Each (seed, k) draws from its own child SeedSequence, so
-    a batch's outcome does not depend on where the walk started."""
-    k0 = math.floor(math.log(start) / math.log(BATCH_GRID_RATIO) + 1e-9)
-    first = []
-    censored = False
-    for child in seeds:
-        found: list[float | None] = [None] * n_criteria
-        k = k0
-        while True:
-            batch = int(round(BATCH_GRID_RATIO ** k))
-            if batch > max_batch:
-                censored = True
-                found = [batch if f is None else f for f in found]
-                break
-            try:
-                outcome = success(batch, np.random.SeedSequence(child.entropy, spawn_key=child.spawn_key + (k,)))
-            except (DivergenceError, dyn.StageFailure):  # a run that blows up or loses the signal has failed
-                outcome = (False,) * n_criteria
-            if len(outcome) != n_criteria:
-                raise ValueError(f"success returned {len(outcome)} criteria, expected n_criteria = {n_criteria}")
-            found = [batch if (f is None and ok) else f for f, ok in zip(found, outcome)]
-            if all(f is not None for f in found):
-                break
-            k += 1
-        first.append(found)
-    return np.array(first, float).T, censored
-
-
-def _critical_batch_curve(make_success, Ts, seed, n_seeds, start, max_batch, quantile, n_criteria=1):
-    """First successes (n_criteria, len(Ts), n_seeds) over a T grid. Each T's walk starts two grid steps below
-    the previous T's smallest first success, and restarts 4× lower whenever the ``quantile`` sits at the walk's
-    start (the critical batch could then be lower still)."""
-    results = []
-    censored = False
-    for T, child in zip(Ts, seed.spawn(len(Ts))):
-        success = make_success(T)
-        seeds = child.spawn(n_seeds)
-        while True:
-            first, cut = _critical_batches(success, seeds, start, max_batch, n_criteria)
-            critical = np.quantile(first, quantile, axis=1, method="inverted_cdf")
-            if start <= 16 or np.all(critical > start * BATCH_GRID_RATIO ** 0.5):
-                break
-            start = max(16, start // 4)
-        censored |= cut
-        results.append(first)
-        start = max(16, int(first.min() / BATCH_GRID_RATIO ** 2))
-    return np.stack(results, axis=1), censored
-
-
-def _stage1_exit_success(T, c1, tracking, residual):
+def _stage1_exit_success(seed, T, c1, tracking, residual):
     """Stage 1 from (V₀, Q₀) for the population's steps to α_Q ≥ c1 (line map), judged two ways:
     Lemma D.1's exit state — (α_V, α_Q) within ``tracking`` (relative) of the population's and the residuals
     ‖ΔV‖_μ/√K_P ≤ residual·α_V, ‖ΔQ‖_μ/√K_Q ≤ residual·α_Q — and rounding at θ₁ recovering every support."""
-    problem = _example(T=T)
-    line = dyn.line_trajectory(problem, ETA / problem.K_Q, ETA / problem.K_P, 1000)
+    problem = _example(seed, T=T)
+    line = dyn.line_trajectory(problem, ETA / problem.K_Q, ETA / problem.K_P, 1000).states["alpha"]
     if not (0 < c1 < 1) or not np.any(line[:, 1] >= c1):
         raise ValueError(f"c1 must lie in (0, 1) and be reached by the population line within 1000 steps, got {c1}")
     steps = int(np.argmax(line[:, 1] >= c1))
     alpha_V_pop, alpha_Q_pop = line[steps]
 
     def success(batch, seed):
-        run = dyn.run_stage1(problem, dyn.StageSettings(steps, batch, ETA), seed, record_every=steps)
-        c = cf.reduced_coordinates(problem, run.V, run.Q)
+        run = dyn.run_stage1(problem, dyn.StageSettings(steps, batch, ETA), seed=seed, record_every=steps)
+        c = cf.reduced_coordinates(problem, run.final["V"], run.final["Q"])
         exit_state = (abs(c["alpha_V"] / alpha_V_pop - 1) <= tracking and abs(c["alpha_Q"] / alpha_Q_pop - 1) <= tracking
                       and math.sqrt(c["e_V"] / problem.K_P) <= residual * c["alpha_V"]
                       and math.sqrt(c["e_Q"] / problem.K_Q) <= residual * c["alpha_Q"])
-        return exit_state, dyn.rounding_finds_supports(problem, run.Q, alpha_Q_pop)
+        return exit_state, dyn.rounding_finds_supports(problem, run.final["Q"], alpha_Q_pop)
 
     return success
 
 
-def _stage2_success(T, steps, lam, target):
+def _stage2_success(seed, T, steps, lam, target):
     """Stage 2 from the rounded population point at α = (0.5, 0.5) for ``steps`` steps: with λ > 0 the proximal
     algorithm (rounding, Stage 2, normalisation, V_LS); with λ = 0 vanilla SGD (spec §13 #14). Success: both
     relative μ-norm errors at most ``target``."""
-    problem = _example(T=T)
+    problem = _example(seed, T=T)
     start = cf.line_point(problem, 0.5, 0.5)
 
     def success(batch, seed):
         stage = dyn.StageSettings(steps, batch, ETA, lam=lam)
         if lam > 0:
-            run = dyn.run_stages_2_3(problem, start, stage, seed, alpha_Q=0.5, record_every=steps)
+            run = dyn.run_stages_2_3(problem, start, stage, seed=seed, alpha_Q=0.5, record_every=steps)
         else:
-            run = dyn.run_sgd(problem, stage, seed, start=start, record_every=steps)
-        return (max(dyn.relative_errors(problem, run.V, run.Q)) <= target,)
+            run = dyn.run_sgd(problem, stage, seed=seed, start=start, record_every=steps)
+        return (max(dyn.relative_errors(problem, run.final["V"], run.final["Q"])) <= target,)
 
     return success
 
@@ -629,21 +556,22 @@ def critical_batch(seed, Ts, vanilla_Ts, seeds, c1, tracking, residual, steps, l
 
     quantile = 0.9
     s1, s2, s3 = seed.spawn(3)
-    stage1, cut1 = _critical_batch_curve(lambda T: _stage1_exit_success(T, c1, tracking, residual), Ts, s1, seeds,
+    stage1, cut1 = batch_search.critical_batch_curve(lambda T: _stage1_exit_success(seed, T, c1, tracking, residual), Ts, s1, seeds,
                                          64, max_batch, quantile, n_criteria=2)
-    proximal, cut2 = _critical_batch_curve(lambda T: _stage2_success(T, steps, lam, target), Ts, s2, seeds, 64,
+    proximal, cut2 = batch_search.critical_batch_curve(lambda T: _stage2_success(seed, T, steps, lam, target), Ts, s2, seeds, 64,
                                            max_batch, quantile)
-    vanilla, cut3 = _critical_batch_curve(lambda T: _stage2_success(T, steps, 0.0, target), vanilla_Ts, s3, seeds,
+    vanilla, cut3 = batch_search.critical_batch_curve(lambda T: _stage2_success(seed, T, steps, 0.0, target), vanilla_Ts, s3, seeds,
                                           64, max_batch, quantile)
     curves = {"Stage 1, Lemma D.1 exit": (Ts, stage1[0]), "Stage 1, rounding finds the supports": (Ts, stage1[1]),
               f"Stage 2 proximal (λ = {lam:g})": (Ts, proximal[0]), "Stage 2 vanilla (λ = 0)": (vanilla_Ts, vanilla[0])}
     # The exponent is fitted to the median first-success batch: it scales like B_crit if the whole distribution
     # does, and its bootstrap spread is far smaller than that of the 90% order statistic of a dozen seeds.
-    fits = {name: fit_exponent(grid, values, quantile=0.5, seed=0) for name, (grid, values) in curves.items()}
+    boot = seeding.named(seed, "bootstrap")
+    fits = {name: fit_exponent(grid, values, quantile=0.5, seed=boot) for name, (grid, values) in curves.items()}
     critical = {name: np.quantile(values, quantile, axis=1, method="inverted_cdf") for name, (_, values) in curves.items()}
     # The grid quantises each critical batch to a factor √2 from above, so an exponent over T_max/T_min can be off
     # by log √2 / log(T_max/T_min) on top of the seed noise.
-    slack = {name: math.log(BATCH_GRID_RATIO) / math.log(max(grid) / min(grid)) for name, (grid, _) in curves.items()}
+    slack = {name: math.log(batch_search.BATCH_GRID_RATIO) / math.log(max(grid) / min(grid)) for name, (grid, _) in curves.items()}
     names = list(curves)
     log_slope = _log_slope(Ts)
     stage1_fit, prox_fit, vanilla_fit = fits[names[0]], fits[names[2]], fits[names[3]]
@@ -689,15 +617,16 @@ def critical_batch(seed, Ts, vanilla_Ts, seeds, c1, tracking, residual, steps, l
         + [dict(check=name, passed=bool(ok)) for name, ok in checks.items()])
 
 
-def _transfer_success(T, gamma, rho, tracking):
+def _transfer_success(seed, T, gamma, rho, tracking):
     """One transfer Q-step on a batch (V from a related task's P̃): success when α_Q lands within ``tracking``
     of its population value 1 and rounding at θ₁ = 1/(2C·sparsity) (θ₁ at α_Q = 1) finds every support."""
-    problem = _example(T=T)
-    P_tilde = cf.related_transition(problem, rho, seed=0)  # P and Q*'s values do not depend on T
+    problem = _example(seed, T=T)
+    # The related task comes from the instance's own seed, like the instance: P and Q*'s values do not depend on T.
+    P_tilde = cf.related_transition(problem, rho, seed=seeding.instance(seed))
 
     def success(batch, seed):
-        _, Q, rec = dyn.transfer_step(problem, P_tilde, gamma, batch, seed)
-        return abs(float(rec[-1, 2]) - 1.0) <= tracking and dyn.rounding_finds_supports(problem, Q, 1.0),
+        step = dyn.transfer_step(problem, P_tilde, gamma, batch, seed=seed)
+        return abs(step.last("alpha_Q") - 1.0) <= tracking and dyn.rounding_finds_supports(problem, step.final["Q"], 1.0),
 
     return success
 
@@ -714,11 +643,12 @@ def _transfer_success(T, gamma, rho, tracking):
 def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
     from .stats import fit_exponent
 
-    first, censored = _critical_batch_curve(lambda T: _transfer_success(T, gamma, rho, tracking), Ts, seed, seeds,
+    first, censored = batch_search.critical_batch_curve(lambda T: _transfer_success(seed, T, gamma, rho, tracking), Ts, seed, seeds,
                                             64, max_batch, 0.9)
-    fit = fit_exponent(Ts, first[0], quantile=0.5, seed=0)  # the median, as in scb.critical_batch
+    # the median, as in scb.critical_batch
+    fit = fit_exponent(Ts, first[0], quantile=0.5, seed=seeding.named(seed, "bootstrap"))
     critical = np.quantile(first[0], 0.9, axis=1, method="inverted_cdf")
-    slack = math.log(BATCH_GRID_RATIO) / math.log(max(Ts) / min(Ts))
+    slack = math.log(batch_search.BATCH_GRID_RATIO) / math.log(max(Ts) / min(Ts))
     log_slope = _log_slope(Ts)
 
     def figure():
@@ -745,26 +675,35 @@ def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
         details=[dict(T=int(T), B_crit=int(critical[i])) for i, T in enumerate(Ts)])
 
 
-def solve(params: dict, want_figure: bool = False):
-    """The closed forms of one SCB instance (``SCBProblem.random(N, T, sparsity, seed)``) and its population line."""
-    N, T = int(params.get("N", 5)), int(params.get("T", 8))
-    sparsity, instance_seed = int(params.get("sparsity", 2)), int(params.get("seed", 0))
-    eta, steps = float(params.get("eta", ETA)), int(params.get("steps", 100))
-    if instance_seed < 0 or steps < 1:
-        raise ValueError("seed must be >= 0 and steps >= 1")
-    problem = SCBProblem.random(N, T, sparsity, seed=instance_seed)
-    line = dyn.line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps)
-    duration = cf.stage1_duration(problem, eta, 0.1)
-    summary = {"N": problem.N, "T": problem.T, "sparsity": problem.sparsity, "K_P": problem.K_P, "K_Q": problem.K_Q,
-               "κ = ‖Q*‖²_μ": problem.kappa, "ε = 1/(T K_Q)": problem.epsilon, "R* (Bayes)": problem.bayes_risk,
-               "R₀ (initialisation)": problem.initial_risk, "predicted τ₁ (c = 0.1)": duration["tau"],
-               "predicted Stage-1 steps": duration["steps"], "slow-mode rate at (1, 1)": cf.slow_mode_rate(problem),
-               f"(α_V, α_Q) after {steps} population steps": line[-1],
-               "risk then": cf.reduced_risk(problem, *line[-1])}
-    figure = None
-    if want_figure:
-        figure, ax = plots.figure()
-        ax.plot(line[:, 0], label="α_V")
-        ax.plot(line[:, 1], label="α_Q")
-        plots.finish(ax, f"Population map on the line (η = {eta:g})", "step", "value")
-    return summary, figure
+def summary(problem: SCBProblem, *, seed) -> dict:
+    """The closed forms of one SCB instance (``attnflow solve scb``); ``seed`` is unused (no Monte Carlo)."""
+    duration = cf.stage1_duration(problem, ETA, 0.1)
+    return {"N": problem.N, "T": problem.T, "sparsity": problem.sparsity, "K_P": problem.K_P, "K_Q": problem.K_Q,
+            "κ = ‖Q*‖²_μ": problem.kappa, "ε = 1/(T K_Q)": problem.epsilon, "R* (Bayes)": problem.bayes_risk,
+            "R₀ (initialisation)": problem.initial_risk, f"predicted τ₁ (c = 0.1, η = {ETA:g})": duration["tau"],
+            "predicted Stage-1 steps": duration["steps"], "slow-mode rate at (1, 1)": cf.slow_mode_rate(problem)}
+
+
+SYSTEM = System(
+    key="scb",
+    title="Sparse contextual bigrams: the (α_V, α_Q) system and Algorithm 1 on streamed minibatches",
+    reference=PAPER,
+    problem=SCBProblem,
+    population=dyn.population,
+    minibatch=dyn.minibatch,
+    population_options=(
+        Parameter("eta", "real", ETA, "normalised step η (η_V = η/K_Q, η_Q = η/K_P)", minimum=0.0, strict=True),
+        Parameter("steps", "integer", 100, "population steps on the line", minimum=0, maximum=10_000_000),
+    ),
+    minibatch_options=(
+        Parameter("eta", "real", ETA, "normalised step η", minimum=0.0, strict=True),
+        Parameter("lam", "real", 0.01, "ℓ₁ strength λ of Stage 2", minimum=0.0),
+        *(Parameter(f"stage{k}_{what}", "integer", default, f"Stage {k}: {label}", minimum=1, maximum=maximum)
+          for k, steps, batch in ((1, 40, 8000), (2, 150, 2000), (3, 80, 4000))
+          for what, default, label, maximum in (("steps", steps, "steps", 1_000_000),
+                                                ("batch", batch, "samples per step", 10_000_000))),
+    ),
+    summary=summary,
+    latex=symbolic.scb_latex,
+    docs="docs/scb.md",
+)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _scipy_stats
 
+from attnflow import seeding
+
 __all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "RateFit", "fit_exponential_rate",
            "fit_power_law"]
 
@@ -114,8 +116,8 @@ def _expanded_alpha(level: float, n_seeds: int) -> float:
     return float(_scipy_stats.norm.cdf(np.sqrt(n_seeds / (n_seeds - 1)) * _scipy_stats.t.ppf(alpha, n_seeds - 1)))
 
 
-def fit_exponent_difference(x, y_a, y_b, *, kind: str = "loglog", n_boot: int = 2000, level: float = 0.95,
-                            seed=0) -> ExponentFit:
+def fit_exponent_difference(x, y_a, y_b, *, seed, kind: str = "loglog", n_boot: int = 2000,
+                            level: float = 0.95) -> ExponentFit:
     """Exponent of ``y_a`` minus exponent of ``y_b`` (both (n_x, n_seeds), seed i of each measured on the same
     data), with a paired bootstrap over seeds: resampling the same seeds for both keeps their correlation, so the
     interval is narrower than comparing two separate intervals."""
@@ -126,7 +128,7 @@ def fit_exponent_difference(x, y_a, y_b, *, kind: str = "loglog", n_boot: int = 
         raise ValueError(f"y_a and y_b must have the same shape, got {y_a.shape} and {y_b.shape}")
     xs = np.log(np.asarray(x, float)) if kind == "loglog" else np.asarray(x, float)
     n_seeds = y_a.shape[1]
-    columns = np.random.default_rng(seed).integers(0, n_seeds, size=(n_boot, n_seeds))
+    columns = np.random.default_rng(seeding.as_seed_sequence(seed)).integers(0, n_seeds, size=(n_boot, n_seeds))
     means_a, means_b = y_a[:, columns].mean(axis=2).T, y_b[:, columns].mean(axis=2).T
     valid = np.all(means_a > 0, axis=1) & np.all(means_b > 0, axis=1)
     differences = _slopes(xs, np.log(means_a[valid])) - _slopes(xs, np.log(means_b[valid]))
@@ -144,7 +146,7 @@ def _seed_statistic(y, quantile):
     return np.quantile(y, quantile, axis=-1, method="inverted_cdf")
 
 
-def fit_exponent(x, y, *, kind: str = "loglog", n_boot: int = 2000, level: float = 0.95, seed=0,
+def fit_exponent(x, y, *, seed, kind: str = "loglog", n_boot: int = 2000, level: float = 0.95,
                  quantile: float | None = None) -> ExponentFit:
     """Fit the exponent of the seed-mean of ``y`` (or of its ``quantile`` over seeds) against ``x`` with a
     bootstrap interval over seeds.
@@ -161,7 +163,7 @@ def fit_exponent(x, y, *, kind: str = "loglog", n_boot: int = 2000, level: float
     level : float
         Two-sided interval level in (0, 1).
     seed : int or SeedSequence
-        Seed of the bootstrap resampling.
+        Seed of the bootstrap resampling (required: a claim passes a child of its own seed).
     quantile : float in (0, 1), optional
         Fit this quantile over seeds instead of the mean (e.g. 0.9 for a critical batch that 90% of seeds reach).
     """
@@ -188,7 +190,7 @@ def fit_exponent(x, y, *, kind: str = "loglog", n_boot: int = 2000, level: float
     if np.any(means <= 0):
         raise ValueError("the seed statistic of y must be > 0 at every grid value to take logs")
     estimate = float(_slopes(xs, np.log(means)))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seeding.as_seed_sequence(seed))
     n_seeds = y.shape[1]
     columns = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
     boot_means = _seed_statistic(y[:, columns], quantile).T  # (n_boot, n_x)

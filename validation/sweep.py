@@ -1,15 +1,17 @@
 """Parameter sweeps that survive interruption: a grid × seeds of tasks, run with joblib locally or on a Dask
 cluster, each finished task written to a plain-file result store as it completes.
 
-A task is (target, parameters, seed). The target is a registered observable (``validation.claims.observable``)
+A task is (target, parameters, seed). The target is a registered observable (``attnflow.validation.claims.observable``)
 or a claim, whose settings the grid overrides. The store holds one JSON file per finished task, named by a
 content hash of (target, parameters, seed, attnflow version) and written atomically, so a sweep killed at any
 point loses at most the tasks that were still running, and a rerun computes only what is missing. Loading never
 unpickles anything.
 
-Replicate i of a sweep uses the seed ``SeedSequence([master_seed, i])`` at every grid point (a paired design:
-common random numbers across the grid make slope estimates less noisy), so the numbers do not depend on the
-number of workers or on the order in which tasks finish.
+Replicate i of a sweep uses child i of the sweep's seed (:func:`attnflow.seeding.child`) at every grid point (a
+paired design: common random numbers across the grid make slope estimates less noisy), so the numbers do not
+depend on the number of workers or on the order in which tasks finish. The SeedSequence itself is stored in the
+task's record (its entropy and spawn key), never an integer drawn from it; the bootstrap of a scaling fit takes
+the sweep seed's child named "bootstrap".
 """
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import claims as registry_module
+from attnflow import seeding
+
+from . import claims as claims_module
+from . import systems
 from .claims import ScalingLaw, observable
 from .report import version
 from .stats import ExponentFit, fit_exponent
@@ -43,10 +48,9 @@ RUN_ID = uuid.uuid4().hex
 # ==================================================================================================
 
 
-def replicate_seed(master_seed: int, replicate: int) -> int:
-    """The integer seed of replicate ``replicate``: SeedSequence([master_seed, replicate]) → 63 bits."""
-    state = np.random.SeedSequence([int(master_seed), int(replicate)]).generate_state(2, dtype=np.uint32)
-    return int(state[0]) << 31 | int(state[1]) >> 1
+def replicate_seed(master_seed: seeding.SeedLike, replicate: int) -> np.random.SeedSequence:
+    """The seed of replicate ``replicate``: child ``replicate`` of the sweep's seed."""
+    return seeding.child(master_seed, replicate)
 
 
 def _canonical(value):
@@ -58,11 +62,11 @@ def _canonical(value):
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # the seed record is a dict: tasks are compared by key, not hashed
 class Task:
     target: str
     params: tuple  # sorted (name, value) pairs
-    seed: int
+    seed: dict  # the replicate's SeedSequence as a record (attnflow.seeding.to_record)
     replicate: int
 
     @property
@@ -98,13 +102,13 @@ def parse_grid(specs: list[str]) -> dict:
     return grid
 
 
-def _tasks(target: str, grid: dict, seeds: int, master_seed: int) -> list[Task]:
+def _tasks(target: str, grid: dict, seeds: int, master_seed: seeding.SeedLike) -> list[Task]:
     names = sorted(grid)
     tasks = []
     for values in itertools.product(*(grid[n] for n in names)):
         params = tuple(zip(names, values))
         for i in range(seeds):
-            tasks.append(Task(target, params, replicate_seed(master_seed, i), i))
+            tasks.append(Task(target, params, seeding.to_record(replicate_seed(master_seed, i)), i))
     return tasks
 
 
@@ -126,13 +130,13 @@ def _numbers_only(values: dict) -> dict:
 def execute_task(task: Task) -> dict:
     """Run one task and return its record (what the store writes)."""
     started = time.perf_counter()
-    observables = registry_module.observables()
-    if task.target in observables:
-        result = observables[task.target].measure(np.random.SeedSequence(task.seed), **task.as_dict())
-        result = _numbers_only(result)
+    seed = seeding.from_record(task.seed)
+    obs = systems.find_observable(task.target)
+    if obs is not None:
+        result = _numbers_only(obs.measure(seed, **task.as_dict()))
     else:
-        claim = registry_module.select([task.target])[0]
-        outcome = registry_module.run_claim(claim, seed=task.seed, **task.as_dict())
+        claim = systems.select([task.target])[0]
+        outcome = claims_module.run_claim(claim, seed=seed, **task.as_dict())
         result = dict(status=outcome.status, **_numbers_only(outcome.measured))
     return dict(key=task.key, target=task.target, params=[[k, _canonical(v)] for k, v in task.params],
                 seed=task.seed, replicate=task.replicate, version=version(), result=result,
@@ -193,6 +197,7 @@ class SweepResult:
     computed: int
     reused: int
     seconds: float
+    master_seed: np.random.SeedSequence | None = None
     law: ScalingLaw | None = None
     fit: ExponentFit | None = None
     extra: dict = field(default_factory=dict)
@@ -213,18 +218,18 @@ class SweepResult:
 
 
 def _target_law(target: str) -> ScalingLaw | None:
-    obs = registry_module.observables().get(target)
+    obs = systems.find_observable(target)
     return obs.law if obs is not None else None
 
 
 def _validate_target(target: str, grid: dict) -> None:
-    obs = registry_module.observables().get(target)
+    obs = systems.find_observable(target)
     if obs is not None:
         unknown = set(grid) - set(obs.defaults)
         if unknown:
             raise ValueError(f"{target} has no parameter(s) {sorted(unknown)}; it takes {sorted(obs.defaults)}")
         return
-    claim = registry_module.select([target])[0]  # raises ValueError for an unknown name
+    claim = systems.select([target])[0]  # raises ValueError for an unknown name
     if claim.name != target.replace("-", "_"):
         raise ValueError(f"sweep a single claim or observable, not the system {target!r}")
     unknown = set(grid) - set(claim.quick)
@@ -232,8 +237,8 @@ def _validate_target(target: str, grid: dict) -> None:
         raise ValueError(f"{target} has no setting(s) {sorted(unknown)}; it takes {sorted(claim.quick)}")
 
 
-def run_sweep(target: str, grid: dict, *, seeds: int = 8, master_seed: int = 0, store=None, n_jobs: int = -1,
-              scheduler: str | None = None, progress: bool = False) -> SweepResult:
+def run_sweep(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: int = 8, store=None,
+              n_jobs: int = -1, scheduler: str | None = None, progress: bool = False) -> SweepResult:
     """Run ``target`` over the product of ``grid`` × ``seeds`` replicates, skipping tasks already in ``store``.
 
     Parameters
@@ -242,6 +247,8 @@ def run_sweep(target: str, grid: dict, *, seeds: int = 8, master_seed: int = 0, 
         A registered observable or claim (``attnflow sweep --list`` shows the observables).
     grid : dict[str, list]
         Parameter values; the product is swept.
+    master_seed : int or SeedSequence
+        The sweep's seed; replicate i takes its child i.
     seeds : int
         Replicates per grid point (>= 1; >= 8 for a trustworthy bootstrap interval).
     store : path, ResultStore or None
@@ -258,8 +265,7 @@ def run_sweep(target: str, grid: dict, *, seeds: int = 8, master_seed: int = 0, 
         raise ValueError("the grid is empty: give at least one --grid NAME=v1,v2")
     if isinstance(seeds, bool) or int(seeds) != seeds or seeds < 1:
         raise ValueError(f"seeds must be a positive integer, got {seeds}")
-    if master_seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {master_seed}")
+    master_seed = seeding.as_seed_sequence(master_seed, "master_seed")
     _validate_target(target, grid)
     store = store if isinstance(store, ResultStore) else ResultStore(store)
     tasks = _tasks(target, grid, int(seeds), master_seed)
@@ -278,7 +284,8 @@ def run_sweep(target: str, grid: dict, *, seeds: int = 8, master_seed: int = 0, 
     records = [store.load(t.key) for t in tasks]
     law = _target_law(target)
     return SweepResult(target=target, grid=grid, seeds=int(seeds), records=records, computed=len(pending),
-                       reused=len(tasks) - len(pending), seconds=time.perf_counter() - started, law=law)
+                       reused=len(tasks) - len(pending), seconds=time.perf_counter() - started,
+                       master_seed=master_seed, law=law)
 
 
 def _execute(pending: list[Task], *, n_jobs: int, scheduler: str | None):
@@ -310,7 +317,7 @@ def scaling_fit(result: SweepResult, *, n_boot: int = 2000, level: float = 0.95)
         raise ValueError(f"{result.target} declares no scaling law to fit")
     x, y = result.values(result.law.y, result.law.x)
     result.fit = fit_exponent(x, y, kind=result.law.kind, n_boot=n_boot, level=level,
-                              seed=np.random.SeedSequence([len(result.records), result.seeds]))
+                              seed=seeding.named(result.master_seed, "bootstrap"))
     return result.fit
 
 

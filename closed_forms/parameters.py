@@ -1,0 +1,166 @@
+"""Named parameters given as text (``--param N=10``) or as Python values, parsed and checked in one place.
+
+A system declares its parameters as :class:`Parameter` records: the Problem's in ``Problem.PARAMETERS`` (read by
+``Problem.from_params``), its dynamics' options in the System record. :func:`parse_parameters` turns a mapping of
+names to text or numbers into checked values, refusing unknown names the same way for every system, so the
+command line and the Python API accept exactly the same inputs. Every error is a ``ValueError`` naming the
+parameter.
+
+Text forms: an integer or real (``10``, ``0.25``, ``1e3``), a vector as a comma list (``2,0``), a matrix as
+rows separated by ``;`` (``1,.3;.3,.6``), a boolean as ``true``/``false``, a choice as one of its words.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+__all__ = ["Parameter", "parse_parameters", "describe"]
+
+KINDS = ("integer", "real", "vector", "matrix", "boolean", "choice")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One named parameter.
+
+    name : the key (``N``, ``sigma2``).
+    kind : ``integer``, ``real``, ``vector`` (1-D), ``matrix`` (a scalar, a vector or a 2-D array: the system
+        decides what each form means), ``boolean`` or ``choice``.
+    default : the value when the parameter is not given (``None``: the system derives it or it is optional).
+    help : one line for ``attnflow solve --help`` and the docs.
+    minimum, maximum : bounds for numbers (and for every entry of a vector or matrix); ``strict`` makes the
+        minimum exclusive. The maximum keeps sizes that would exhaust memory or time from reaching a kernel.
+    choices : the allowed words of a ``choice``.
+    """
+
+    name: str
+    kind: str
+    default: object = None
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    strict: bool = False
+    choices: tuple = ()
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"parameter {self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+
+    def parse(self, value):
+        """The checked value of ``value`` (text or a Python value)."""
+        parse = getattr(self, f"_parse_{self.kind}")
+        return parse(value)
+
+    # ---- kinds -----------------------------------------------------------------------------------------------
+
+    def _number(self, value, what: str) -> float:
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                number = float(text)
+            except ValueError:
+                raise ValueError(f"parameter {self.name} must be {what}, got {value!r}") from None
+        elif isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            number = float(value)
+        else:
+            raise ValueError(f"parameter {self.name} must be {what}, got {value!r}")
+        if not math.isfinite(number):
+            raise ValueError(f"parameter {self.name} must be finite, got {value!r}")
+        return number
+
+    def _bounded(self, number: float) -> None:
+        if self.minimum is not None and (number < self.minimum or (self.strict and number == self.minimum)):
+            relation = ">" if self.strict else ">="
+            raise ValueError(f"parameter {self.name} must be {relation} {self.minimum:g}, got {number:g}")
+        if self.maximum is not None and number > self.maximum:
+            raise ValueError(f"parameter {self.name} must be <= {self.maximum:g}, got {number:g}")
+
+    def _parse_integer(self, value) -> int:
+        number = self._number(value, "an integer")
+        if not number.is_integer():
+            raise ValueError(f"parameter {self.name} must be an integer, got {value!r}")
+        self._bounded(number)
+        return int(number)
+
+    def _parse_real(self, value) -> float:
+        number = self._number(value, "a real number")
+        self._bounded(number)
+        return number
+
+    def _array(self, value) -> np.ndarray:
+        if isinstance(value, str):
+            rows = [row.split(",") for row in value.split(";")] if ";" in value else [value.split(",")]
+            if len({len(row) for row in rows}) != 1:
+                raise ValueError(f"parameter {self.name}: every row of a matrix needs the same number of entries, "
+                                 f"got {value!r}")
+            array = np.array([[self._number(entry, "a list of numbers") for entry in row] for row in rows])
+            array = array if ";" in value else array[0]
+            if array.size == 1 and ";" not in value and "," not in value:
+                array = array.reshape(())
+        else:
+            try:
+                array = np.array(value, dtype=float)
+            except (TypeError, ValueError):
+                raise ValueError(f"parameter {self.name} must be numeric, got {value!r}") from None
+            if not np.all(np.isfinite(array)):
+                raise ValueError(f"parameter {self.name} must be finite, got {value!r}")
+        for entry in np.ravel(array):
+            self._bounded(float(entry))
+        return array
+
+    def _parse_vector(self, value) -> np.ndarray:
+        array = np.atleast_1d(self._array(value))
+        if array.ndim != 1:
+            raise ValueError(f"parameter {self.name} must be a comma list, got shape {array.shape}")
+        return array
+
+    def _parse_matrix(self, value) -> np.ndarray:
+        array = self._array(value)
+        if array.ndim > 2:
+            raise ValueError(f"parameter {self.name} must be a number, a comma list or ;-separated rows")
+        return array
+
+    def _parse_boolean(self, value) -> bool:
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.strip().lower() in ("true", "1", "yes")
+        raise ValueError(f"parameter {self.name} must be true or false, got {value!r}")
+
+    def _parse_choice(self, value) -> str:
+        text = str(value).strip()
+        if text not in self.choices:
+            raise ValueError(f"parameter {self.name} must be one of {', '.join(self.choices)}; got {value!r}")
+        return text
+
+
+def parse_parameters(specs, values: Mapping, *, owner: str) -> dict:
+    """Checked values for ``values`` (name → text or value) under ``specs``; absent ones take their defaults.
+
+    Unknown names are refused with a ``ValueError`` listing the known ones, for ``owner`` (e.g. ``gd_beta``).
+    A default of ``None`` stays ``None``: the caller derives the value.
+    """
+    known = {spec.name: spec for spec in specs}
+    unknown = [name for name in values if name not in known]
+    if unknown:
+        raise ValueError(f"unknown {owner} parameter(s) {sorted(unknown)}; known: {', '.join(known) or 'none'}")
+    parsed = {}
+    for name, spec in known.items():
+        if name in values and values[name] is not None:
+            parsed[name] = spec.parse(values[name])
+        else:
+            parsed[name] = spec.default
+    return parsed
+
+
+def describe(specs) -> list[str]:
+    """One line per parameter: name, kind, default and help (for ``attnflow solve SYSTEM --help``)."""
+    lines = []
+    for spec in specs:
+        default = "derived" if spec.default is None else spec.default
+        lines.append(f"{spec.name} ({spec.kind}, default {default}): {spec.help}")
+    return lines

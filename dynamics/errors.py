@@ -1,0 +1,13 @@
+"""The two ways a simulation can end other than by finishing: both are outcomes to report, not bad input."""
+from __future__ import annotations
+
+__all__ = ["DivergenceError", "StageFailure"]
+
+
+class DivergenceError(FloatingPointError):
+    """An integration or simulation left the finite, bounded region; the message names the step."""
+
+
+class StageFailure(RuntimeError):
+    """A run ended in a state the next stage cannot start from (SCB: it lost the attention signal): not a bad
+    input, an outcome — the critical-batch search counts it as a failure at that batch."""

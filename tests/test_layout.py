@@ -1,0 +1,95 @@
+"""The package's shape: one namespace, imports that flow one way, nothing private crossing modules.
+
+These are lint rules run as tests, so CI refuses a short import (``import validation…``) or an upward import as
+soon as one is written, in code, tests, notebooks or docs alike."""
+import ast
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("closed_forms", "dynamics", "validation")
+SHORT_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:closed_forms|dynamics|validation)\b|-m\s+(?:closed_forms|"
+                          r"dynamics|validation)\.", re.MULTILINE)
+
+
+def _tracked(*patterns) -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", *patterns], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:  # not a git checkout: every file
+        return [p for pattern in patterns for p in ROOT.rglob(pattern)]
+    return [ROOT / line for line in listed.stdout.splitlines() if (ROOT / line).exists()]
+
+
+def _text(path: Path) -> str:
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text())["cells"]
+        return "\n".join("".join(cell["source"]) for cell in cells)
+    return path.read_text()
+
+
+def test_no_short_imports_anywhere():
+    offenders = [f"{path.relative_to(ROOT)}: {match.group(0).strip()}"
+                 for path in _tracked("*.py", "*.ipynb", "*.md", "*.cfg", "*.toml")
+                 for match in SHORT_IMPORT.finditer(_text(path))]
+    assert not offenders, "import through the attnflow namespace (attnflow.validation…):\n" + "\n".join(offenders)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module imported, names imported from it) for every import in ``path``, relative ones resolved."""
+    package = "attnflow." + path.parent.name if path.parent.name in LAYERS else "attnflow"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([module] if module
+                                                                                                 else []))
+            found.append((module, [alias.name for alias in node.names]))
+    return found
+
+
+@pytest.mark.parametrize("layer, forbidden", [("closed_forms", ("attnflow.dynamics", "attnflow.validation")),
+                                              ("dynamics", ("attnflow.validation",))])
+def test_imports_flow_one_way(layer, forbidden):
+    offenders = [f"{path.name} imports {module}" for path in (ROOT / layer).glob("*.py")
+                 for module, _ in _imports(path) if module.startswith(forbidden)]
+    assert not offenders, offenders
+
+
+def test_nothing_private_crosses_modules():
+    """``from attnflow.x import _name`` and ``module._name`` of another attnflow module are refused."""
+    offenders = []
+    for path in [p for folder in (*LAYERS, "attnflow", "benchmarks") for p in (ROOT / folder).glob("*.py")]:
+        for module, names in _imports(path):
+            if module.startswith("attnflow") or not module:
+                offenders += [f"{path.name}: from {module} import {n}" for n in names if n.startswith("_")
+                              and n != "__version__"]
+        aliases = {a.asname or a.name for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id in aliases):
+                offenders.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert not offenders, offenders
+
+
+def test_the_wheel_holds_the_attnflow_namespace_alone():
+    from setuptools.config.setupcfg import read_configuration
+
+    options = read_configuration(ROOT / "setup.cfg")["options"]
+    assert all(p == "attnflow" or p.startswith("attnflow.") for p in options["packages"])
+    assert {options["package_dir"][f"attnflow.{layer}"] for layer in LAYERS} == set(LAYERS)
+
+
+def test_the_front_door():
+    import attnflow
+
+    assert attnflow.__version__ and attnflow.__version__ != "0+unknown"
+    assert set(attnflow.__all__) <= set(dir(attnflow))
+    assert {"gd_beta", "one_nn", "random_walk", "group_sparse", "scb"} <= set(attnflow.system_keys())

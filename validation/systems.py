@@ -1,0 +1,205 @@
+"""The System contract every paper follows, and the registry that finds systems through entry points.
+
+A paper is one :class:`System` record, exported by a module and registered under the entry-point group
+``attnflow.systems`` (attnflow's own five papers register the same way, in setup.cfg)::
+
+    [options.entry_points]
+    attnflow.systems =
+        my_paper = my_package.attnflow_plugin:SYSTEM
+
+The registry reads the entry points' names from the installed metadata and imports a system's module only when
+that system is asked for, so ``attnflow check scb`` imports SCB alone. Importing the module registers its claims
+and observables (the ``@claim`` and ``@observable`` decorators); their dotted names start with the system's key.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Callable
+
+from attnflow.closed_forms.parameters import Parameter, describe, parse_parameters
+
+from . import claims as _claims
+from .claims import Claim, Observable
+
+__all__ = ["System", "Parameter", "ENTRY_POINT_GROUP", "system_keys", "get_system", "all_systems", "registry",
+           "select", "observables", "find_observable", "normalise_key"]
+
+ENTRY_POINT_GROUP = "attnflow.systems"
+
+
+@dataclass(frozen=True)
+class System:
+    """One paper: what it studies and how to run it.
+
+    Attributes
+    ----------
+    key : str
+        The registry key (``gd_beta``); claim names start with ``key + "."``. ``gd-beta`` is accepted as well.
+    title, reference : str
+        What the paper is and where it was published.
+    problem : type
+        The Problem class. It declares ``PARAMETERS`` (a tuple of :class:`Parameter`) and has a classmethod
+        ``from_params(values) -> Problem`` that parses and validates text or Python values, refusing unknown
+        names.
+    population : callable
+        ``population(problem, **options) -> Trajectory``: the theory side, the population (closed-form) dynamics.
+    minibatch : callable
+        ``minibatch(problem, *, seed, **options) -> Trajectory``: the paper's training algorithm on sampled data.
+    population_options, minibatch_options : tuple of Parameter
+        The options each of them takes (``attnflow solve/simulate --param``).
+    summary : callable, optional
+        ``summary(problem, *, seed, **options) -> dict``: the system's closed-form numbers at a problem, printed
+        by ``attnflow solve`` (``seed`` drives any Monte-Carlo quantity in it).
+    summary_options : tuple of Parameter
+        The options ``summary`` takes.
+    latex : callable, optional
+        ``latex() -> str``: a symbolic derivation of the reduced system (``attnflow solve SYSTEM --latex``).
+    docs : str
+        Where the system's derivations are documented (a path in the repository or a URL).
+    """
+
+    key: str
+    title: str
+    reference: str
+    problem: type
+    population: Callable
+    minibatch: Callable
+    population_options: tuple = ()
+    minibatch_options: tuple = ()
+    summary: Callable | None = None
+    summary_options: tuple = ()
+    latex: Callable | None = None
+    docs: str = ""
+
+    def __post_init__(self):
+        if not self.key.isidentifier() or self.key != self.key.lower():
+            raise ValueError(f"a system key must be a lower-case identifier, got {self.key!r}")
+        for name in ("PARAMETERS", "from_params"):
+            if not hasattr(self.problem, name):
+                raise ValueError(f"system {self.key}: its Problem class {self.problem.__name__} has no {name}")
+
+    def problem_from_params(self, values) -> object:
+        """A validated Problem from ``values`` (name → text or value)."""
+        return self.problem.from_params(values)
+
+    def population_options_from(self, values) -> dict:
+        return parse_parameters(self.population_options, values, owner=f"{self.key} population")
+
+    def summary_options_from(self, values) -> dict:
+        return parse_parameters(self.summary_options, values, owner=f"{self.key} summary")
+
+    def minibatch_options_from(self, values) -> dict:
+        return parse_parameters(self.minibatch_options, values, owner=f"{self.key} minibatch")
+
+    def parameter_help(self) -> str:
+        """The problem's parameters and both option sets, one line each."""
+        parts = [("problem", self.problem.PARAMETERS), ("population options", self.population_options),
+                 ("summary options", self.summary_options), ("minibatch options", self.minibatch_options)]
+        return "\n".join(f"{title}:\n" + "\n".join("  " + line for line in describe(specs))
+                         for title, specs in parts if specs)
+
+    def claims(self) -> list[Claim]:
+        """The claims registered under this system's key, in registration order."""
+        return [c for c in _claims.registered_claims().values() if c.system == self.key]
+
+    def observables(self) -> dict[str, Observable]:
+        return {n: o for n, o in _claims.registered_observables().items() if n.split(".", 1)[0] == self.key}
+
+
+def normalise_key(name: str) -> str:
+    """System keys and claim names are accepted with ``-`` for ``_`` (``gd-beta`` = ``gd_beta``)."""
+    return name.strip().replace("-", "_")
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_points() -> dict:
+    found = {}
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        key = normalise_key(entry.name)
+        if key in found and found[key].value != entry.value:
+            raise ValueError(f"two installed packages register the system {key!r}: {found[key].value} and "
+                             f"{entry.value}")
+        found[key] = entry
+    return found
+
+
+def system_keys() -> list[str]:
+    """The keys of every installed system (from the entry points; nothing is imported)."""
+    return sorted(_entry_points())
+
+
+_LOADED: dict[str, System] = {}
+
+
+def get_system(key: str) -> System:
+    """The System registered as ``key`` (``gd_beta`` or ``gd-beta``), importing its module on first use."""
+    key = normalise_key(key)
+    if key in _LOADED:
+        return _LOADED[key]
+    entries = _entry_points()
+    if key not in entries:
+        known = ", ".join(system_keys()) or "none installed"
+        raise ValueError(f"unknown system {key!r} (systems: {known}; see 'attnflow list')")
+    system = entries[key].load()
+    if not isinstance(system, System):
+        raise ValueError(f"the entry point {entries[key].value} of system {key!r} is not an attnflow System")
+    if system.key != key:
+        raise ValueError(f"the entry point {key!r} points at the system {system.key!r}")
+    _LOADED[key] = system
+    return system
+
+
+def all_systems() -> list[System]:
+    return [get_system(key) for key in system_keys()]
+
+
+def _load_owner(name: str) -> None:
+    """Load the system (or diagnostics module) that owns the dotted ``name``, if any."""
+    prefix = normalise_key(name).split(".", 1)[0]
+    if prefix in _entry_points():
+        get_system(prefix)
+    elif prefix == "sweep":
+        from . import sweep  # noqa: F401  (registers the sweep machinery's diagnostic observable)
+
+
+def registry() -> dict[str, Claim]:
+    """Every claim of every installed system."""
+    all_systems()
+    return _claims.registered_claims()
+
+
+def select(names=None) -> list[Claim]:
+    """Claims for NAMES: whole systems (``gd_beta`` or ``gd-beta``) or single claims; all when empty.
+
+    Only the systems named are imported."""
+    if not names:
+        return list(registry().values())
+    chosen: list[Claim] = []
+    for raw in names:
+        name = normalise_key(raw)
+        if name in _entry_points():
+            matches = get_system(name).claims()
+        else:
+            _load_owner(name)
+            claims = _claims.registered_claims()
+            if name not in claims:
+                known = ", ".join(system_keys())
+                raise ValueError(f"unknown claim or system {raw!r} (systems: {known}; see 'attnflow list')")
+            matches = [claims[name]]
+        chosen.extend(c for c in matches if c not in chosen)
+    return chosen
+
+
+def observables() -> dict[str, Observable]:
+    """Every sweepable observable of every installed system, and the sweep machinery's own diagnostics."""
+    all_systems()
+    _load_owner("sweep.")
+    return _claims.registered_observables()
+
+
+def find_observable(name: str) -> Observable | None:
+    """The observable ``name``, loading only its owner; ``None`` if there is none of that name."""
+    _load_owner(name)
+    return _claims.registered_observables().get(normalise_key(name))
