@@ -94,3 +94,32 @@ def test_a_figure_that_fails_is_noted_and_the_report_still_written(tmp_path):
                          "none", [], "", "quick", 0, 0.1, figure=broken)
     report = write_report([result], tmp_path, seed=0, setting="quick").read_text()
     assert "## fake.claim" in report and "could not be drawn: TypeError: bad plot" in report
+
+
+SMALL = {
+    "gd_beta": (["bayes_contexts=2000", "n_points=20"], ["steps=40", "model=ltb"]),
+    "one_nn": (["steps=20"], ["steps=4", "batch_size=32"]),
+    "random_walk": (["N=7", "steps=20"], ["N=7", "steps=20", "n_sequences=100"]),
+    "group_sparse": (["steps=200"], ["steps=3", "batch_size=200"]),
+    "scb": (["steps=30"], ["stage1_steps=5", "stage1_batch=400", "stage2_steps=5", "stage2_batch=400",
+                           "stage3_steps=5", "stage3_batch=400"]),
+}
+
+
+@pytest.mark.parametrize("system", sorted(SMALL))
+def test_solve_and_simulate_run_for_every_built_in_system(system, capsys, tmp_path):
+    """The generic commands (in process): the population and the minibatch run, their JSON and their figure."""
+    from attnflow.validation.cli import main
+
+    for command, params in zip(("solve", "simulate"), SMALL[system]):
+        args = [command, system.replace("_", "-"), *sum((["--param", p] for p in params), []), "--json",
+                "--plot", str(tmp_path / f"{command}.png")]
+        assert main(args) == 0, capsys.readouterr().err
+        document = json.loads(capsys.readouterr().out)
+        assert document["schema"] == f"attnflow.{command}/1" and document["system"] == system
+        kind = "population" if command == "solve" else "minibatch"
+        assert document["values"][f"{kind}: records"] == len(document["trajectory"]["times"]) >= 2
+        assert document["trajectory"]["metrics"]
+        assert (tmp_path / f"{command}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["solve", system, "--describe"]) == 0
+    assert "problem:" in capsys.readouterr().out

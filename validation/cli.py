@@ -204,7 +204,9 @@ def _split(system: systems.System, params: dict, option_sets: dict) -> tuple[dic
 
 def _trajectory_summary(trajectory) -> dict:
     out = {"records": len(trajectory.times), "final time": float(trajectory.times[-1])}
-    out.update({f"final {name}": float(values[-1]) for name, values in trajectory.metrics.items()})
+    for name, values in trajectory.metrics.items():  # the last recorded value (a record may be empty: nan)
+        finite = np.asarray(values, float)[np.isfinite(values)]
+        out[f"final {name}"] = float(finite[-1]) if finite.size else float("nan")
     for name, value in trajectory.info.items():
         if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
             out[name] = value
@@ -265,7 +267,7 @@ def _run_system_command(args, *, simulate: bool) -> int:
     if args.plot:
         from . import plots
 
-        time_label = "step" if simulate else "time (or step) of the population dynamics"
+        time_label = system.minibatch_time if simulate else system.population_time
         title = f"{system.key}: {'minibatch run' if simulate else 'population dynamics'}"
         _save(plots.trajectory_figure(trajectory, title, time_label), args.plot)
     return 0

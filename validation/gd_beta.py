@@ -700,4 +700,6 @@ SYSTEM = System(
                   maximum=100_000_000),
     ),
     docs="docs/gd_beta.md",
+    population_time="flow time t",
+    minibatch_time="training step",
 )

@@ -334,4 +334,6 @@ SYSTEM = System(
         Parameter("n_records", "integer", 30, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
     ),
     docs="docs/group_sparse.md",
+    population_time="GD step of the (β, α) map",
+    minibatch_time="GD step",
 )

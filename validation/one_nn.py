@@ -316,4 +316,6 @@ SYSTEM = System(
         Parameter("n_records", "integer", 50, "recorded steps", minimum=2, maximum=100_000),
     ),
     docs="docs/one_nn.md",
+    population_time="GD step (reduced map)",
+    minibatch_time="GD step",
 )

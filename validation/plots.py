@@ -74,8 +74,9 @@ def scaling_figure(x, y, fit, law, title: str):
 def trajectory_figure(trajectory, title: str, time_label: str, *, max_panels: int = 6):
     """Every named metric of a Trajectory against time, one panel each (at most ``max_panels``).
 
-    A metric that is positive throughout and spans more than a decade is drawn on a log axis (rates then read
-    as slopes); the time axis stays linear, where exponential convergence is a straight line."""
+    A metric that is positive (but for at most a tenth of its records, such as an error that reaches exactly 0)
+    and spans more than two decades is drawn on a log axis, where exponential convergence is a straight line
+    against the linear time axis; a narrower span stays linear, so its axis keeps readable numbers."""
     names = list(trajectory.metrics)[:max_panels]
     if not names:
         raise ValueError("the trajectory records no metric to plot")
@@ -86,8 +87,13 @@ def trajectory_figure(trajectory, title: str, time_label: str, *, max_panels: in
     for ax, name in zip(axes, names):
         values = np.asarray(trajectory.metrics[name], float)
         finite = values[np.isfinite(values)]
-        log = finite.size > 0 and finite.min() > 0 and finite.max() / finite.min() > 10
-        ax.plot(trajectory.times, values, marker="." if values.size <= 60 else None)
+        positive = finite[finite > 0]
+        log = positive.size >= 0.9 * max(finite.size, 1) and positive.size > 1 and positive.max() > 100 * positive.min()
+        shown = np.where(values > 0, values, np.nan) if log else values
+        ax.plot(trajectory.times, shown, marker="." if values.size <= 60 else None)
+        ax.set_xlim(trajectory.times[0], trajectory.times[-1])
+        for boundary in trajectory.info.get("boundaries", ()):  # stages of a multi-stage algorithm
+            ax.axvline(boundary, color="gray", linestyle=":", linewidth=1)
         finish(ax, name, time_label, name, logy=log)
     for ax in axes[len(names):]:
         ax.set_visible(False)

@@ -357,4 +357,6 @@ SYSTEM = System(
         Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
     ),
     docs="docs/random_walk.md",
+    population_time="GD step (reduced map)",
+    minibatch_time="GD step",
 )

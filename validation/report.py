@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import json
 import shutil
 import textwrap
@@ -25,6 +26,8 @@ def format_number(value) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         return str(value)
     value = float(value)
+    if not math.isfinite(value):
+        return str(value)
     if value == int(value) and abs(value) < 1e6:
         return str(int(value))
     return f"{value:.6g}"

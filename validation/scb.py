@@ -706,4 +706,6 @@ SYSTEM = System(
     summary=summary,
     latex=symbolic.scb_latex,
     docs="docs/scb.md",
+    population_time="step of the population map",
+    minibatch_time="step of Algorithm 1",
 )

@@ -58,6 +58,8 @@ class System:
         ``latex() -> str``: a symbolic derivation of the reduced system (``attnflow solve SYSTEM --latex``).
     docs : str
         Where the system's derivations are documented (a path in the repository or a URL).
+    population_time, minibatch_time : str
+        What the trajectories' times are (axis labels): flow time, GD step, …
     """
 
     key: str
@@ -72,6 +74,8 @@ class System:
     summary_options: tuple = ()
     latex: Callable | None = None
     docs: str = ""
+    population_time: str = "step"
+    minibatch_time: str = "step"
 
     def __post_init__(self):
         if not self.key.isidentifier() or self.key != self.key.lower():
