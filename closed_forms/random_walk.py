@@ -11,7 +11,7 @@ Reduction (spec §4): only W x̃_N matters and, by rotation symmetry, V is circu
 the attention S = softmax(z) ∈ Δ^N is the same for every sequence. The state is (v ∈ R^K, z ∈ R^N); expectations
 run over the displacements d_k = (y − s_k) mod K (the sum of the N − k steps after position k), either by
 enumerating the 2^{N−1} step paths exactly (:func:`enumerate_paths`) or by Monte Carlo over paths
-(``dynamics.random_walk.sample_paths``; sampling lives in dynamics).
+(``attnflow.dynamics.random_walk.sample_paths``; sampling lives in dynamics).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """GD-β / LTB / LSA numerics: prompt sampling, Monte-Carlo risks, minibatch training and the gradient flow.
 
-The mathematics lives in :mod:`closed_forms.gd_beta`; this module draws data and runs algorithms.
+The mathematics lives in :mod:`attnflow.closed_forms.gd_beta`; this module draws data and runs algorithms.
 """
 from __future__ import annotations
 
@@ -271,7 +271,7 @@ def _ltb_batch_gradient(X, y, x_query, y_query, U, V, K, mlp):
 
 def minibatch_gradient(problem: GDBetaProblem, prompts: Prompts, beta0, Gamma):
     """Mean squared loss of GD-β on ``prompts`` and its gradient (β₀, Γ): an unbiased estimate of
-    (R, ∇R) of :func:`closed_forms.gd_beta.icl_risk` / :func:`closed_forms.gd_beta.risk_gradient`."""
+    (R, ∇R) of :func:`attnflow.closed_forms.gd_beta.icl_risk` / :func:`attnflow.closed_forms.gd_beta.risk_gradient`."""
     d = problem.d
     beta0 = np.ascontiguousarray(check.finite_array(beta0, "beta0", shape=(d,)))
     Gamma = np.ascontiguousarray(check.finite_array(Gamma, "Gamma", shape=(d, d)))

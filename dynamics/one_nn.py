@@ -1,7 +1,7 @@
 """1-NN numerics: prompt sampling, brute-force Monte Carlo of the loss and gradient, reduced GD on (ξ₁, ξ₂),
 full-matrix GD on W with fresh minibatches, and test loss under distribution shift.
 
-The mathematics (the quadrature of L and ∇L) lives in :mod:`closed_forms.one_nn`.
+The mathematics (the quadrature of L and ∇L) lives in :mod:`attnflow.closed_forms.one_nn`.
 """
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def reduced_trajectory(problem: OneNNProblem, eta: float, steps: int, *, n_recor
                        resolution: cf.Resolution = cf.DYNAMICS_RESOLUTION) -> Trajectory:
     """Reduced GD (spec §4) from (ξ₁, ξ₂) = (0, σ) for ``steps`` steps of size η, recorded at ``n_records``
     log-spaced steps; the loss and gradient at the recorded points come from the same quadrature, whose grid
-    grows with ξ₁ (:class:`closed_forms.one_nn.Resolution`)."""
+    grows with ξ₁ (:class:`attnflow.closed_forms.one_nn.Resolution`)."""
     steps = check.integer(steps, "steps", minimum=1)
     record = np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
     sol = iterate_map(cf.reduced_gd_step, [0.0, problem.sigma], steps,

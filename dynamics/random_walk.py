@@ -249,7 +249,7 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
 
 
 def population(problem: RandomWalkProblem, *, steps: int = 400, n_records: int | None = 60) -> Trajectory:
-    """The reduced (v, z) map over every step path, exactly (:func:`closed_forms.random_walk.enumerate_paths`,
+    """The reduced (v, z) map over every step path, exactly (:func:`attnflow.closed_forms.random_walk.enumerate_paths`,
     N − 1 <= 20 steps): :func:`reduced_trajectory`."""
     return reduced_trajectory(problem, cf.enumerate_paths(problem), steps, n_records=n_records)
 

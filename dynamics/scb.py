@@ -469,7 +469,7 @@ def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
 
 def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, *, seed: SeedLike) -> Trajectory:
     """The first move of transfer learning (Theorem 4.1, spec §6): from the pretrained value layer, one Q-step of
-    size η₀ (:func:`closed_forms.scb.transfer_step_size`) on a batch of ``batch0`` with V untouched (in the population it lands
+    size η₀ (:func:`attnflow.closed_forms.scb.transfer_step_size`) on a batch of ``batch0`` with V untouched (in the population it lands
     exactly at α_Q = 1). Returns the one-step Trajectory; (V, Q) after it are in ``final``."""
     batch0 = check.integer(batch0, "batch0", minimum=1)
     start = cf.transfer_start(problem, P_tilde, gamma)
