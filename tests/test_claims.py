@@ -7,8 +7,8 @@ from attnflow import Claim, Outcome, run_claim, select
 from attnflow.validation import systems
 
 
-def _fake(function, quick=None):
-    return Claim("fake.claim", "nowhere", "a claim for testing", function, quick or {}, {})
+def _fake(function, quick=None, finding=""):
+    return Claim("fake.claim", "nowhere", "a claim for testing", function, quick or {}, {}, finding)
 
 
 def test_select_systems_claims_and_aliases():
@@ -38,6 +38,21 @@ def test_a_crashing_claim_is_reported():
 
     result = run_claim(_fake(boom), seed=0)
     assert result.status == "ERROR" and "kaput" in result.notes
+
+
+def test_a_registered_finding_is_its_own_outcome():
+    """A claim whose paper statement is known not to hold: FINDING while it fails as documented, FAIL if the
+    statement starts to hold, ERROR still wins over both."""
+    def outcome(passed, x=1.0):
+        return lambda seed: Outcome({"x": x}, {"x": 1.0}, "t", "b", passed=passed)
+
+    found = run_claim(_fake(outcome(False), finding="it does not hold; docs §1"), seed=0)
+    assert found.status == "FINDING" and found.as_registered and not found.passed
+    assert found.to_dict()["finding"] == "it does not hold; docs §1"
+    gone = run_claim(_fake(outcome(True), finding="it does not hold; docs §1"), seed=0)
+    assert gone.status == "FAIL" and not gone.as_registered and "did not reproduce" in gone.notes
+    broken = run_claim(_fake(outcome(False, x=float("nan")), finding="f"), seed=0)
+    assert broken.status == "ERROR"
 
 
 def test_unknown_override_is_rejected():

@@ -21,11 +21,13 @@ def test_check_json_is_stable_and_parsable():
     document = json.loads(result.stdout)
     assert document["schema"] == "attnflow.check/1"
     assert document["seed"] == 3 and document["setting"] == "quick"
-    assert document["summary"] == dict(total=2, passed=2, failed=0, errors=0, seconds=document["summary"]["seconds"])
+    assert document["summary"] == dict(total=2, passed=2, failed=0, findings=0, errors=0, as_registered=2,
+                                       seconds=document["summary"]["seconds"])
     names = [r["name"] for r in document["results"]]
     assert names == ["gd_beta.risk_formula", "gd_beta.bayes_factor_needs_bounded_snr"]
     for r in document["results"]:
-        assert set(r) >= {"name", "system", "reference", "statement", "status", "passed", "measured", "predicted",
+        assert set(r) >= {"name", "system", "reference", "statement", "status", "passed", "as_registered", "finding",
+                          "measured", "predicted",
                           "tolerance", "basis", "details", "notes", "setting", "seed", "seconds"}
         assert r["status"] == "PASS" and r["tolerance"] and r["basis"]
 
@@ -33,11 +35,19 @@ def test_check_json_is_stable_and_parsable():
 def test_check_table_and_report(tmp_path):
     result = attnflow("check", FAST_CLAIMS[0], "--report", str(tmp_path / "out"), "--no-progress", check_exit=0)
     assert "PASS" in result.stdout and "gd_beta.risk_formula" in result.stdout
-    assert "1 of 1 claims passed" in result.stdout
+    assert "1 of 1 claims passed, 0 registered findings reproduced" in result.stdout
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## gd_beta.risk_formula" in report and "figures/gd_beta.risk_formula.png" in report
     png = tmp_path / "out" / "figures" / "gd_beta.risk_formula.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_reproduced_finding_exits_0_and_strict_counts_it_as_a_failure():
+    result = attnflow("check", "random_walk.value_direction", "--json", "--no-progress", check_exit=0)
+    document = json.loads(result.stdout)
+    assert document["summary"]["findings"] == 1 and document["results"][0]["status"] == "FINDING"
+    assert document["results"][0]["finding"] and document["results"][0]["as_registered"]
+    attnflow("check", "random_walk.value_direction", "--strict", "--no-progress", check_exit=1)
 
 
 def test_list_names_every_claim():

@@ -54,7 +54,7 @@ class CheckResult:
     system: str
     reference: str
     statement: str
-    status: str  # "PASS", "FAIL" or "ERROR"
+    status: str  # "PASS", "FAIL", "FINDING" or "ERROR"
     measured: dict
     predicted: dict
     tolerance: str
@@ -65,16 +65,24 @@ class CheckResult:
     seed: int | dict  # the --seed integer, or the record of a SeedSequence (a sweep replicate's)
     seconds: float
     figure: Callable | None = None
+    finding: str = ""  # the registered finding, for a claim whose paper statement is known not to hold
 
     @property
     def passed(self) -> bool:
+        """The paper's statement held as checked."""
         return self.status == "PASS"
+
+    @property
+    def as_registered(self) -> bool:
+        """The outcome is the registered one: PASS, or the registered FINDING reproduced."""
+        return self.status in ("PASS", "FINDING")
 
     def to_dict(self) -> dict:
         """JSON-ready: the documented, stable schema of ``attnflow check --json`` (docs/cli.md)."""
         return dict(
             name=self.name, system=self.system, reference=self.reference, statement=self.statement,
-            status=self.status, passed=self.passed, measured=to_jsonable(self.measured),
+            status=self.status, passed=self.passed, as_registered=self.as_registered, finding=self.finding,
+            measured=to_jsonable(self.measured),
             predicted=to_jsonable(self.predicted), tolerance=self.tolerance, basis=self.basis,
             details=to_jsonable(self.details), notes=self.notes, setting=self.setting, seed=self.seed,
             seconds=round(self.seconds, 3),
@@ -89,6 +97,7 @@ class Claim:
     function: Callable
     quick: dict
     full: dict
+    finding: str = ""
 
     @property
     def system(self) -> str:
@@ -99,13 +108,17 @@ class Claim:
         return seeding.named(seed, self.name)
 
 
-def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict):
-    """Register ``function(seed_sequence, **settings) -> Outcome`` as the claim ``name``."""
+def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict, finding: str = ""):
+    """Register ``function(seed_sequence, **settings) -> Outcome`` as the claim ``name``.
+
+    ``finding`` registers a documented finding: the paper's statement, checked as stated, is known not to hold
+    (one sentence and the docs section that explains it). Such a claim reports FINDING when its check fails as
+    documented, and FAIL if the statement starts to hold (the finding no longer reproduces)."""
 
     def register(function):
         if name in _REGISTRY:
             raise ValueError(f"claim {name!r} is registered twice")
-        _REGISTRY[name] = Claim(name, reference, statement, function, dict(quick), dict(full))
+        _REGISTRY[name] = Claim(name, reference, statement, function, dict(quick), dict(full), finding)
         return function
 
     return register
@@ -203,7 +216,7 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
     settings.update(overrides)
     started = time.perf_counter()
     common = dict(name=c.name, system=c.system, reference=c.reference, statement=c.statement,
-                  setting="full" if full else "quick",
+                  setting="full" if full else "quick", finding=c.finding,
                   seed=seed if not isinstance(seed, np.random.SeedSequence) else seeding.to_record(seed))
     try:
         outcome = c.function(claim_seed, **settings)
@@ -213,6 +226,11 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
                            seconds=time.perf_counter() - started)
     status = "PASS" if outcome.passed else "FAIL"
     notes = outcome.notes
+    if c.finding:
+        status = "FAIL" if outcome.passed else "FINDING"
+        if outcome.passed:
+            notes = (notes + " " if notes else "") + ("The registered finding did not reproduce: the paper's "
+                                                      f"statement held this time. Finding: {c.finding}")
     if not (_all_finite(outcome.measured) and _all_finite(outcome.predicted)):
         status = "ERROR"
         notes = (notes + " " if notes else "") + "A measured or predicted value is not finite."

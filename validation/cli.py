@@ -8,8 +8,9 @@
 
 ``solve`` and ``simulate`` work for every registered system (attnflow.validation.systems): ``--param`` takes the
 Problem's parameters and the options of the population dynamics (solve) or of the minibatch algorithm
-(simulate); ``--describe`` lists them. Exit codes: 0 every claim passed (or the command succeeded), 1 a claim
-failed or errored, 2 bad input (one line on stderr), 130 interrupted.
+(simulate); ``--describe`` lists them. Exit codes: 0 every claim's outcome is the registered one (PASS, or a documented FINDING reproduced) or the
+command succeeded; 1 a claim failed or errored, or a finding stopped reproducing (with ``--strict`` findings count
+as failures too); 2 bad input (one line on stderr); 130 interrupted.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the stable JSON document instead of the table")
     check.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
     check.add_argument("--report", metavar="DIR", help="write DIR/report.md with figures")
+    check.add_argument("--strict", action="store_true", help="count registered findings as failures (exit 1)")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sweep = sub.add_parser("sweep", help="run an observable or claim over a grid × seeds; resumable")
@@ -110,7 +112,9 @@ def _command_check(args) -> int:
     if args.report:
         path = report.write_report(results, args.report, seed=args.seed, setting=setting)
         print(f"report written to {path}", file=sys.stderr)
-    return 0 if all(r.passed for r in results) else 1
+    if args.strict:
+        return 0 if all(r.passed for r in results) else 1
+    return 0 if all(r.as_registered for r in results) else 1
 
 
 def _command_sweep(args) -> int:

@@ -38,9 +38,16 @@ def _pairs(values: dict) -> list[str]:
 
 
 def summary_counts(results: list[CheckResult]) -> dict:
-    counts = {status: sum(r.status == status for r in results) for status in ("PASS", "FAIL", "ERROR")}
-    return dict(total=len(results), passed=counts["PASS"], failed=counts["FAIL"], errors=counts["ERROR"],
+    counts = {status: sum(r.status == status for r in results) for status in ("PASS", "FAIL", "FINDING", "ERROR")}
+    return dict(total=len(results), passed=counts["PASS"], failed=counts["FAIL"], findings=counts["FINDING"],
+                errors=counts["ERROR"], as_registered=sum(r.as_registered for r in results),
                 seconds=round(sum(r.seconds for r in results), 2))
+
+
+def summary_line(results: list[CheckResult]) -> str:
+    s = summary_counts(results)
+    return (f"{s['passed']} of {s['total']} claims passed, {s['findings']} registered findings reproduced, "
+            f"{s['failed']} failed, {s['errors']} errors ({s['seconds']:.1f} s)")
 
 
 def format_table(results: list[CheckResult], *, width: int | None = None) -> str:
@@ -69,10 +76,10 @@ def format_table(results: list[CheckResult], *, width: int | None = None) -> str
         lines += row([[r.status], [r.name], measured, _pairs(r.predicted), [f"{r.seconds:.1f}s"]])
         if r.tolerance:
             lines += row([[""], [""], [f"tolerance: {r.tolerance}"], [f"basis: {r.basis}"], [""]])
+        if r.finding:
+            lines += row([[""], [""], [f"registered finding: {r.finding}"], [""], [""]])
         lines.append("")
-    s = summary_counts(results)
-    lines.append(f"{s['passed']} of {s['total']} claims passed, {s['failed']} failed, {s['errors']} errors "
-                 f"({s['seconds']:.1f} s)")
+    lines.append(summary_line(results))
     return "\n".join(lines)
 
 
@@ -102,8 +109,8 @@ def write_report(results: list[CheckResult], directory, *, seed: int, setting: s
     lines = [
         "# attnflow check report",
         "",
-        f"attnflow {version()}, setting `{setting}`, seed {seed}: **{s['passed']} of {s['total']} claims passed**, "
-        f"{s['failed']} failed, {s['errors']} errors ({s['seconds']:.1f} s).",
+        f"attnflow {version()}, setting `{setting}`, seed {seed}: **{summary_line(results)}**. A FINDING is a paper "
+        "statement that, checked as stated, does not hold here, as documented; it is the registered outcome.",
         "",
         "| claim | status | time |",
         "|---|---|---|",
@@ -116,6 +123,8 @@ def write_report(results: list[CheckResult], directory, *, seed: int, setting: s
             lines += [f"| measured: {k} | {format_number(v)} |" for k, v in r.measured.items()]
             lines += [f"| predicted: {k} | {format_number(v)} |" for k, v in r.predicted.items()]
             lines += ["", f"Tolerance: {r.tolerance}.", "", f"Basis: {r.basis}.", ""]
+        if r.finding:
+            lines += [f"Registered finding: {r.finding}", ""]
         lines += _markdown_table(r.details)
         if r.notes:
             lines += ["", "```" if r.status == "ERROR" else "", r.notes, "```" if r.status == "ERROR" else ""]
