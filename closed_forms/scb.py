@@ -29,6 +29,8 @@ __all__ = ["SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_
            "off_support_spread", "transfer_start", "transfer_overlap", "transfer_step_size", "soft_threshold", "proximal_family_step",
            "STOCHASTIC_TOLERANCE"]
 
+# K_P and K_Q at or below this are no signal at all (they are sums of squares of O(1) entries).
+DEGENERATE_SIGNAL = 1e-12
 # Column sums and stationarity are checked to this absolute tolerance.
 STOCHASTIC_TOLERANCE = 1e-9
 
@@ -81,6 +83,13 @@ class SCBProblem:
         mu = _stationary_law(P)
         mu.setflags(write=False)
         object.__setattr__(self, "mu", mu)
+        # The preconditioned steps divide by K_P and K_Q (η_V = η/K_Q, η_Q = η/K_P), and ε = 1/(T·K_Q).
+        if self.K_P <= DEGENERATE_SIGNAL:
+            raise ValueError("P must differ from mu 1ᵀ: K_P = ‖P − mu 1ᵀ‖²_mu = 0, so the next token would not "
+                             "depend on the current one and the preconditioned step η/K_P is undefined")
+        if self.K_Q <= DEGENERATE_SIGNAL:
+            raise ValueError("Q_star must differ from uniform attention: K_Q = ‖Q* − 11ᵀ/T‖²_mu = 0 (for example "
+                             "T = 1, or T = sparsity with uniform columns), so η/K_Q and ε = 1/(T K_Q) are undefined")
 
     @classmethod
     def random(cls, N: int, T: int, sparsity: int, *, seed, C: float = 2.0) -> "SCBProblem":

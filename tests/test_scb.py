@@ -250,6 +250,15 @@ def test_stage_2_that_loses_the_signal_is_a_stage_failure_not_a_crash():
         dyn.run_stages_2_3(EXAMPLE, start, dyn.StageSettings(0, 100, 0.25), seed=0, alpha_Q=0.5)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: cf.SCBProblem.random(5, 1, 1, seed=0), "Q_star must differ from uniform attention"),
+    (lambda: cf.SCBProblem(np.full((3, 3), 1 / 3), np.eye(3)[:, [0, 1, 2]], 1), "P must differ from mu"),
+])
+def test_a_problem_without_signal_is_refused_with_the_reason(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
 def test_related_transition_keeps_the_stationary_law_and_column_sums():
     P_tilde = cf.related_transition(EXAMPLE, 0.6, seed=3)
     assert np.allclose(P_tilde @ EXAMPLE.mu, EXAMPLE.mu, atol=1e-13)
