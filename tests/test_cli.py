@@ -50,6 +50,11 @@ def test_a_reproduced_finding_exits_0_and_strict_counts_it_as_a_failure():
     attnflow("check", "random_walk.value_direction", "--strict", "--no-progress", check_exit=1)
 
 
+def test_bare_command_prints_help_and_version_is_reported():
+    assert "usage: attnflow" in attnflow(check_exit=0).stdout
+    assert attnflow("--version", check_exit=0).stdout.startswith("attnflow ")
+
+
 def test_list_names_every_claim():
     from attnflow.validation.systems import registry
 

@@ -48,6 +48,7 @@ def _add_system_command(sub, name: str, help_text: str):
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(prog="attnflow", description="Check theorems about how one-layer transformers learn.")
+    parser.add_argument("--version", action="version", version=f"attnflow {report.version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
 
     sub.add_parser("list", help="list the registered systems and claims")
@@ -293,6 +294,10 @@ def _command_simulate(args) -> int:
 
 def main(argv=None) -> int:
     parser = _build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:  # a bare `attnflow` shows what it can do
+        parser.print_help()
+        return 0
     try:
         args = parser.parse_args(argv)
         command = {"list": _command_list, "check": _command_check, "solve": _command_solve,
