@@ -50,6 +50,15 @@ def test_a_reproduced_finding_exits_0_and_strict_counts_it_as_a_failure():
     attnflow("check", "random_walk.value_direction", "--strict", "--no-progress", check_exit=1)
 
 
+def test_list_filters_by_system_and_speaks_json():
+    document = json.loads(attnflow("list", "scb", "random-walk", "--json", check_exit=0).stdout)
+    assert document["schema"] == "attnflow.list/1"
+    assert [s["key"] for s in document["systems"]] == ["scb", "random_walk"]
+    findings = [c["name"] for s in document["systems"] for c in s["claims"] if c["finding"]]
+    assert findings == ["random_walk.value_direction"]
+    assert "unknown system 'nope'" in attnflow("list", "nope", check_exit=2).stderr
+
+
 def test_bare_command_prints_help_and_version_is_reported():
     assert "usage: attnflow" in attnflow(check_exit=0).stdout
     assert attnflow("--version", check_exit=0).stdout.startswith("attnflow ")

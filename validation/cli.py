@@ -51,7 +51,9 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attnflow {report.version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
 
-    sub.add_parser("list", help="list the registered systems and claims")
+    listing = sub.add_parser("list", help="list the registered systems and claims")
+    listing.add_argument("systems", nargs="*", help="only these systems (default: all)")
+    listing.add_argument("--json", action="store_true", help="print JSON (schema attnflow.list/1)")
 
     check = sub.add_parser("check", help="run claims (all by default) and report PASS/FAIL with numbers")
     check.add_argument("names", nargs="*", help="systems (gd_beta or gd-beta) or claims (gd_beta.lsa_gap)")
@@ -87,11 +89,20 @@ def _check_seed(seed: int) -> np.random.SeedSequence:
     return seeding.as_seed_sequence(seed, "--seed")
 
 
-def _command_list(_args) -> int:
-    for system in systems.all_systems():
+def _command_list(args) -> int:
+    chosen = [systems.get_system(key) for key in args.systems] if args.systems else systems.all_systems()
+    if args.json:
+        document = dict(schema="attnflow.list/1", systems=[
+            dict(key=s.key, title=s.title, reference=s.reference, docs=s.docs,
+                 claims=[dict(name=c.name, reference=c.reference, statement=c.statement, finding=c.finding)
+                         for c in s.claims()])
+            for s in chosen])
+        print(json.dumps(document, indent=2, ensure_ascii=False))
+        return 0
+    for system in chosen:
         print(f"{system.key}: {system.title}\n    {system.reference}")
         for c in system.claims():
-            print(f"  {c.name}\n      {c.statement}")
+            print(f"  {c.name}{'  [registered finding]' if c.finding else ''}\n      {c.statement}")
     return 0
 
 
