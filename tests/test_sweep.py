@@ -1,6 +1,7 @@
 """Sweeps: identical results on every backend, kill-and-resume, the result store, and rate fits with honest
 bootstrap intervals."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -83,6 +84,44 @@ def test_killed_sweep_resumes_with_every_task_computed_exactly_once(tmp_path):
     run_ids = {json.loads(text)["run_id"] for text in after.values()}
     assert len(run_ids) == 2  # the killed run's and the rerun's, nothing else
     assert not list(target_dir.glob(".tmp-*"))  # the kill could not leave a half-written record
+
+
+CORRUPTIONS = {
+    "truncated": lambda path, other: path.write_text(path.read_text()[:40]),
+    "empty": lambda path, other: path.write_text(""),
+    "an empty object": lambda path, other: path.write_text("{}"),
+    "a list": lambda path, other: path.write_text("[1, 2]"),
+    "another task's record": lambda path, other: path.write_text(other.read_text()),
+    "an edited number": lambda path, other: path.write_text(path.read_text().replace('"replicate": 0',
+                                                                                     '"replicate": 1')),
+    "a directory": lambda path, other: (path.unlink(), path.mkdir()),
+    "not UTF-8": lambda path, other: path.write_bytes(b"\xff\xfe\x00"),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_a_corrupt_record_is_named_moved_aside_and_recomputed(tmp_path, corruption):
+    first = sweep.run_sweep(TARGET, {"batch_size": [8]}, seeds=2, store=tmp_path, n_jobs=1, master_seed=0)
+    paths = sorted(tmp_path.glob("*.json"), key=lambda p: json.loads(p.read_text())["replicate"])
+    CORRUPTIONS[corruption](paths[0], paths[1])
+    (tmp_path / ".tmp-old.json").write_text("half a rec")
+    os.utime(tmp_path / ".tmp-old.json", (0, 0))  # a temporary file left by a writer that died long ago
+    again = sweep.run_sweep(TARGET, {"batch_size": [8]}, seeds=2, store=tmp_path, n_jobs=1, master_seed=0)
+    assert (again.computed, again.reused) == (1, 1)
+    assert _results(again) == _results(first)
+    assert len(again.extra["quarantined"]) == 1 and paths[0].name in again.extra["quarantined"][0]
+    assert len(list((tmp_path / "corrupt").iterdir())) == 1
+    assert not (tmp_path / ".tmp-old.json").exists()
+
+
+def test_non_finite_grid_values_and_unwritable_stores_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="must be finite"):
+        sweep.parse_grid(["batch_size=nan"])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="cannot write the result store"):
+        sweep.ResultStore(tmp_path / "file" / "store")
+    with pytest.raises(ValueError, match="non-empty path"):
+        sweep.ResultStore("")
 
 
 def test_bad_sweeps_are_value_errors():

@@ -163,6 +163,8 @@ def _command_sweep(args) -> int:
                   f"{verdict}")
     print(f"computed {result.computed} tasks, reused {result.reused} from {store} ({result.seconds:.1f} s)",
           file=sys.stderr)
+    for line in result.extra.get("quarantined", []):
+        print(f"attnflow: a stored record could not be used and was recomputed: {line}", file=sys.stderr)
     if args.plot:
         if fit is None:
             raise ValueError("--plot needs a target with a scaling law swept over its x parameter alone")

@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -94,6 +95,8 @@ def parse_grid(specs: list[str]) -> dict:
                 number = float(text)
             except ValueError:
                 raise ValueError(f"grid values for {name} must be numbers, got {text!r}") from None
+            if not math.isfinite(number):
+                raise ValueError(f"grid values for {name} must be finite, got {text!r}")
             parsed.append(int(number) if number.is_integer() and "." not in text and "e" not in text.lower()
                           else number)
         if name in grid:
@@ -148,39 +151,114 @@ def execute_task(task: Task) -> dict:
 # ==================================================================================================
 
 
+RECORD_FIELDS = ("key", "target", "params", "seed", "replicate", "version", "result", "seconds", "run_id")
+STALE_TEMPORARY_SECONDS = 3600  # a temporary file this old belongs to no writer that is still running
+
+
+def _checksum(record: dict) -> str:
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
 class ResultStore:
     """One JSON file per finished task in ``directory`` (``<key>.json``), written atomically.
 
-    ``directory=None`` keeps records in memory only (for claims that run a small sweep themselves).
+    Each record carries its own key and a SHA-256 checksum of its content. A record that is truncated, empty,
+    not an object, missing a field, stored under another task's key, fails its checksum, or is not a regular file
+    is never used: it is moved aside to ``directory/corrupt/`` (named in ``quarantined``) and its task runs again.
+    Temporary files left by a writer that died are removed when the store is opened. ``directory=None`` keeps
+    records in memory only (for claims that run a small sweep themselves).
     """
 
     def __init__(self, directory=None):
         self.directory = None if directory is None else Path(directory)
         self._memory: dict[str, dict] = {}
+        self.quarantined: list[str] = []
         if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if str(directory).strip() == "":
+                raise ValueError("the store directory must be a non-empty path")
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                probe = tempfile.NamedTemporaryFile(dir=self.directory, prefix=".tmp-probe-", delete=True)
+                probe.close()
+            except OSError as error:
+                raise ValueError(f"cannot write the result store {str(directory)!r} "
+                                 f"({error.strerror or error})") from None
+            self._remove_stale_temporaries()
+
+    def _remove_stale_temporaries(self) -> None:
+        now = time.time()
+        for path in self.directory.glob(".tmp-*"):
+            try:
+                if now - path.stat().st_mtime > STALE_TEMPORARY_SECONDS:
+                    path.unlink()
+            except OSError:  # another process removed or renamed it meanwhile
+                pass
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
+    def _problem(self, key: str) -> str | None:
+        """Why the stored record for ``key`` cannot be used, or None when it is sound."""
+        path = self._path(key)
+        if not path.is_file():
+            return "not a regular file"
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            return f"unreadable JSON ({type(error).__name__})"
+        if not isinstance(record, dict):
+            return f"a JSON {type(record).__name__}, not a record"
+        missing = [f for f in (*RECORD_FIELDS, "checksum") if f not in record]
+        if missing:
+            return f"missing {', '.join(missing)}"
+        if record["key"] != key:
+            return f"the record of another task ({record['key']})"
+        try:
+            if record["checksum"] != _checksum(record):
+                return "checksum mismatch"
+        except ValueError:  # non-finite numbers: not something this store writes
+            return "non-finite numbers"
+        return None
+
+    def _quarantine(self, key: str, reason: str) -> None:
+        path = self._path(key)
+        corrupt = self.directory / "corrupt"
+        corrupt.mkdir(exist_ok=True)
+        target = corrupt / f"{key}.{uuid.uuid4().hex[:8]}.json"
+        shutil.move(str(path), str(target))  # a file or whatever stands in its place (a directory, a link)
+        self.quarantined.append(f"{path.name}: {reason} (moved to {target.relative_to(self.directory)})")
+
     def has(self, key: str) -> bool:
-        return key in self._memory if self.directory is None else self._path(key).exists()
+        """Whether a sound record of ``key`` is stored; an unsound one is moved aside first."""
+        if self.directory is None:
+            return key in self._memory
+        if not os.path.lexists(self._path(key)):
+            return False
+        reason = self._problem(key)
+        if reason is None:
+            return True
+        self._quarantine(key, reason)
+        return False
 
     def write(self, record: dict) -> None:
+        record = dict(record, checksum=_checksum(record))
         if self.directory is None:
             self._memory[record["key"]] = record
             return
         # Write to a temporary file in the same directory, then rename: a reader never sees half a record.
         handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(record, stream, indent=1)
+            json.dump(record, stream, indent=1, allow_nan=False)
         os.replace(temporary, self._path(record["key"]))
 
     def load(self, key: str) -> dict:
         if self.directory is None:
             return self._memory[key]
-        with open(self._path(key), encoding="utf-8") as stream:
-            return json.load(stream)
+        reason = self._problem(key)
+        if reason is not None:
+            raise ValueError(f"the stored record {self._path(key)} cannot be used: {reason}")
+        return json.loads(self._path(key).read_text(encoding="utf-8"))
 
 
 # ==================================================================================================
@@ -282,10 +360,11 @@ def run_sweep(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: 
     finally:
         bar.close()
     records = [store.load(t.key) for t in tasks]
+    extra = dict(quarantined=list(store.quarantined)) if store.quarantined else {}
     law = _target_law(target)
     return SweepResult(target=target, grid=grid, seeds=int(seeds), records=records, computed=len(pending),
                        reused=len(tasks) - len(pending), seconds=time.perf_counter() - started,
-                       master_seed=master_seed, law=law)
+                       master_seed=master_seed, law=law, extra=extra)
 
 
 def _execute(pending: list[Task], *, n_jobs: int, scheduler: str | None):
