@@ -97,6 +97,9 @@ def test_solve_gd_beta_json_and_plot(tmp_path):
         (["solve", "gd-beta", "--param", "N=3", "--param", "N=4"], "--param N is given twice"),
         (["solve", "one-nn", "--latex"], "system one_nn has no symbolic derivation"),
         (["solve", "nope"], "unknown system 'nope'"),
+        (["solve", "gd-beta", "--plot", ""], "--plot needs a file name"),
+        (["solve", "gd-beta", "--plot", "/nonexistent-folder/f.png"], "does not exist"),
+        (["check", "gd_beta.risk_formula", "--report", "/proc/attnflow"], "--report: cannot create"),
         (["frobnicate"], "invalid choice"),
     ],
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -83,6 +84,39 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_output_file(path: str | None, option: str) -> None:
+    """Refuse an output file that cannot be written, before any work starts."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ValueError(f"{option} needs a file name")
+    from pathlib import Path
+
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ValueError(f"{option}: {path!r} is a directory")
+    if not parent.is_dir():
+        raise ValueError(f"{option}: the folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{option}: cannot write {path!r}")
+
+
+def _check_output_folder(path: str | None, option: str) -> None:
+    if path is None:
+        return
+    if not path.strip():
+        raise ValueError(f"{option} needs a folder name")
+    from pathlib import Path
+
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{option}: cannot create {path!r} ({error.strerror or error})") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"{option}: cannot write into {path!r}")
+
+
 def _check_seed(seed: int) -> np.random.SeedSequence:
     if seed < 0:
         raise ValueError(f"--seed must be a non-negative integer, got {seed}")
@@ -108,6 +142,7 @@ def _command_list(args) -> int:
 
 def _command_check(args) -> int:
     _check_seed(args.seed)
+    _check_output_folder(args.report, "--report")
     selected = systems.select(args.names)
     from tqdm import tqdm
 
@@ -140,6 +175,7 @@ def _command_sweep(args) -> int:
     if not args.target:
         raise ValueError("give a TARGET to sweep (attnflow sweep --list shows the observables)")
     _check_seed(args.seed)
+    _check_output_file(args.plot, "--plot")
     grid = sweep.parse_grid(args.grid)
     store = f"{args.store.rstrip('/')}/{args.target.replace('-', '_')}"
     result = sweep.run_sweep(args.target, grid, seeds=args.seeds, master_seed=args.seed, store=store,
@@ -258,6 +294,7 @@ def _run_system_command(args, *, simulate: bool) -> int:
         print(system.parameter_help())
         return 0
     seed = _check_seed(args.seed)
+    _check_output_file(args.plot, "--plot")
     params = parse_params(args.param)
     if simulate:
         problem_values, options = _split(system, params, {"minibatch": system.minibatch_options})
