@@ -55,6 +55,18 @@ def test_a_registered_finding_is_its_own_outcome():
     assert broken.status == "ERROR"
 
 
+def test_an_interrupt_inside_a_kernel_stops_the_run_instead_of_becoming_an_error():
+    """numba turns Ctrl-C inside compiled code into a SystemError whose context is the KeyboardInterrupt."""
+    def interrupted(seed):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemError("<built-in function kernel> returned a result with an exception set")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_claim(_fake(interrupted), seed=0)
+
+
 def test_unknown_override_is_rejected():
     with pytest.raises(ValueError, match="has no setting"):
         run_claim(_fake(lambda seed, n: None, quick=dict(n=1)), seed=0, m=2)

@@ -203,6 +203,16 @@ def to_jsonable(value):
     return value
 
 
+def _caused_by_interrupt(error: BaseException) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrides) -> CheckResult:
     """Run one claim at its quick (default) or full setting; ``overrides`` replace single settings.
 
@@ -221,6 +231,8 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
     try:
         outcome = c.function(claim_seed, **settings)
     except Exception as error:  # a claim that crashes is reported, not hidden, and the others still run
+        if _caused_by_interrupt(error):  # Ctrl-C inside a compiled kernel surfaces as SystemError: stop, as asked
+            raise KeyboardInterrupt from error
         return CheckResult(**common, status="ERROR", measured={}, predicted={}, tolerance="", basis="",
                            details=[], notes=f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}",
                            seconds=time.perf_counter() - started)
