@@ -69,7 +69,11 @@ def _sample_terms(x, y, v, W, d, D, position_only):
         f += c[k] * u[k]
     margin = y * f
     loss = math.log1p(math.exp(-margin)) if margin > 0 else -margin + math.log1p(math.exp(margin))  # log(1 + e^{−yf})
-    q = -y / (1.0 + math.exp(margin)) if margin > -700 else -y
+    # −y·σ(−margin); e^{margin} overflows past 709 (an OverflowError without numba), where σ(−m) = e^{−m} to round-off
+    if margin >= 700:
+        q = -y * math.exp(-margin)
+    else:
+        q = -y / (1.0 + math.exp(margin)) if margin > -700 else -y
     grad_v = q * (H @ c)
     u_bar = u @ S  # ū_j = Σ_m S_mj u_m
     A = np.empty((D, D))
