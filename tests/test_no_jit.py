@@ -24,7 +24,7 @@ def _run_without_jit(code: str) -> str:
 
 def test_fast_quick_claims_give_the_same_outcomes_without_jit():
     out = _run_without_jit(
-        "import json, numba.config as c; from attnflow import run_claim, select; assert c.DISABLE_JIT;"
+        "import json; from numba.core import config; from attnflow import run_claim, select; assert config.DISABLE_JIT;"
         f"print(json.dumps({{r.name: r.status for r in (run_claim(x, seed=0) for x in select({FAST_WITHOUT_JIT!r}))}}))")
     statuses = json.loads(out)
     assert statuses == {name: "PASS" for name in FAST_WITHOUT_JIT}
