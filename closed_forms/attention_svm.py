@@ -214,7 +214,7 @@ class AttentionSVMProblem:
 
     @classmethod
     def two_token(cls, C: float = 1.0, loss: str = "logistic") -> "AttentionSVMProblem":
-        """X_1 = [(0,0,0), (1,1,C)], X_2 = [(0,0,0), (1,−1,1)], v = e_3, keys diag(1,1,0) (§6.3)."""
+        """X_1 = [(0,0,0), (1,1,C)], X_2 = [(0,0,0), (1,−1,1)], v = e_3, keys diag(1,1,0) (§7.4)."""
         C = check.real(C, "C", minimum=0.0, strict=True)
         X = np.array([[[0.0, 0.0, 0.0], [1.0, 1.0, C]], [[0.0, 0.0, 0.0], [1.0, -1.0, 1.0]]])
         return cls(X, np.ones(2), np.array([0.0, 0.0, 1.0]), None, np.diag([1.0, 1.0, 0.0]), loss,
