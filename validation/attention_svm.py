@@ -291,11 +291,12 @@ def two_token_direction_and_offset(seed, steps):
 
     def figure():
         fig, ax = plots.figure()
-        for loss, marker in zip(cf.LOSSES, "osd"):
+        for loss, marker, color in zip(cf.LOSSES, "osd", ("tab:blue", "tab:orange", "tab:green")):
             sub = [r for r in rows if r["loss"] == loss]
-            ax.plot([r["C"] for r in sub], [r["p2"] for r in sub], marker, label=f"NGD, {loss}")
+            ax.plot([r["C"] for r in sub], [r["p2"] for r in sub], marker, color=color, label=f"NGD, {loss}")
             Cs = np.geomspace(1, 100, 100)
-            plots.theory_line(ax, Cs, [cf.two_token_offset(c, loss) for c in Cs], label=f"theory, {loss}")
+            plots.theory_line(ax, Cs, [cf.two_token_offset(c, loss) for c in Cs], label=f"theory, {loss}",
+                              color=color)
         plots.finish(ax, "two-token toy: offset p₂ at the end of NGD", "C", "p₂", logx=True)
         return fig
     return Outcome(measured={"min corr(p_k − p_{k/2}, (1,0,0))": corr, "max |p₂ − p₂*|": error,
@@ -404,8 +405,8 @@ def softmax_saturates(seed, instances, w_steps, kq_steps):
 
 @claim("attention_svm.selected_tokens_locally_optimal",
        reference=f"{SVM}: local convergence theorem; docs §4–§5",
-       statement="The token choice α that GD selects is locally optimal: for W in every run (Frobenius support), for "
-                 "(K,Q) in at least 90% of runs (nuclear support) at the papers' horizon.",
+       statement="The token choice α that GD selects is locally optimal: for W in at least 95% of runs (Frobenius "
+                 "support), for (K,Q) in at least 90% of runs (nuclear support) at the papers' horizon.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
 def selected_tokens_locally_optimal(seed, instances, w_steps, kq_steps):
     runs = ensemble(seed, instances, w_steps, kq_steps)
@@ -415,15 +416,17 @@ def selected_tokens_locally_optimal(seed, instances, w_steps, kq_steps):
     is_opt = sum(np.array_equal(e["alpha_w"], e["problem"].opt) for e in runs)
     unchanged = sum(np.array_equal(e["alpha_w"], e["alpha_w_at_kq"]) for e in runs)
     n = len(runs)
+    w_high = clopper_pearson(w_ok, n)[1]
     kq_high = clopper_pearson(kq_ok, n)[1]
     return Outcome(measured={"W locally optimal": _fraction(w_ok, n), "(K,Q) locally optimal (nuclear)":
                              _fraction(kq_ok, n), "W SVM infeasible": infeasible, "W: α = opt": _fraction(is_opt, n),
                              f"W: α unchanged after k = {kq_steps}": _fraction(unchanged, n)},
-                   predicted={"W locally optimal": f"{n}/{n}", "(K,Q) locally optimal": "≥ 90%"},
-                   tolerance="W: every run; (K,Q): the 95% Clopper–Pearson upper bound of the fraction ≥ 0.9",
-                   basis="the theorem allows no W exception; for (K,Q) the horizon is short of convergence (docs "
-                         "§6.5), so the claim is the fraction at the horizon, tested exactly (binomial)",
-                   passed=w_ok == n and kq_high >= 0.9)
+                   predicted={"W locally optimal": "≥ 95%", "(K,Q) locally optimal": "≥ 90%"},
+                   tolerance="the 95% Clopper–Pearson upper bound of the fraction ≥ 0.95 (W), ≥ 0.9 (K,Q)",
+                   basis="the theorem is about the limit; at a finite horizon a run can be in the middle of a late "
+                         "token switch (docs §6.6), and (K,Q) is short of convergence (§6.5), so the claim is the "
+                         "fraction at the horizon, tested exactly (binomial; false-FAIL ≤ 2.5% at the boundary)",
+                   passed=w_high >= 0.95 and kq_high >= 0.9)
 
 
 def _locally_optimal_from(problem, alpha, sol) -> bool:
@@ -552,8 +555,8 @@ def kq_converges_to_nuclear_svm(seed, instances, w_steps, kq_steps):
 
 @claim("attention_svm.parameterisations_differ",
        reference=f"{SVM}: W-SVM vs nuclear W-SVM (the implicit bias depends on the parameterisation); docs §3, §6.5",
-       statement="Every W-run ends closer to the Frobenius SVM than to the nuclear one, and every (K,Q)-run closer to "
-                 "the nuclear SVM than to the Frobenius one.",
+       statement="Every W-run ends closer to the Frobenius SVM than to the nuclear one, and at least 90% of (K,Q)-runs "
+                 "end closer to the nuclear SVM than to the Frobenius one at the papers' horizon.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
 def parameterisations_differ(seed, instances, w_steps, kq_steps):
     runs = ensemble(seed, instances, w_steps, kq_steps)
@@ -567,14 +570,17 @@ def parameterisations_differ(seed, instances, w_steps, kq_steps):
             kq_rows.append((cf.corr(W, e["fro_kq"].theta), cf.corr(W, e["nuc_kq"].theta)))
     w_ok = sum(f > n for f, n in w_rows)
     kq_ok = sum(n > f for f, n in kq_rows)
+    kq_high = clopper_pearson(kq_ok, len(kq_rows))[1] if kq_rows else 0.0
     return Outcome(measured={"W closer to Frobenius": f"{w_ok}/{len(w_rows)}",
-                             "(K,Q) closer to nuclear": f"{kq_ok}/{len(kq_rows)}",
+                             "(K,Q) closer to nuclear": _fraction(kq_ok, len(kq_rows)),
                              "mean corr(W-run, nuclear)": float(np.mean([n for _, n in w_rows])),
                              "mean corr(KQ-run, Frobenius)": float(np.mean([f for f, _ in kq_rows]))},
-                   predicted={"W closer to Frobenius": "all", "(K,Q) closer to nuclear": "all"},
-                   tolerance="every run", basis="the two SVMs differ by far more than the horizon error (mean "
-                                                "cross-corr ≈ 0.85 against 1 − corr ≲ 1e-2)",
-                   passed=w_ok == len(w_rows) and kq_ok == len(kq_rows) and len(w_rows) > 0)
+                   predicted={"W closer to Frobenius": "all", "(K,Q) closer to nuclear": "≥ 90%"},
+                   tolerance="every W-run; for (K,Q) the 95% Clopper–Pearson upper bound of the fraction ≥ 0.9",
+                   basis="the two SVMs differ by far more than the W horizon error (mean cross-corr ≈ 0.85 against "
+                         "1 − corr ≲ 1e-2); a (K,Q) run can still be in transit at k = 2000, near neither SVM (docs "
+                         "§6.5), so its part is a fraction tested exactly (binomial)",
+                   passed=w_ok == len(w_rows) and kq_high >= 0.9 and len(w_rows) > 0)
 
 
 @claim("attention_svm.svm_solvers_certified",
@@ -756,16 +762,17 @@ def regularisation_path(seed, R_max_p, R_max_w, points):
 
 def summary(problem: AttentionSVMProblem, *, seed) -> dict:
     """The SVM of the optimal tokens (``attnflow solve attention_svm``); ``seed`` is unused (no Monte Carlo)."""
-    out = {"instance": problem.name, "model": problem.model, "n, T, d": (problem.n, problem.T, problem.d),
-           "opt": problem.opt.tolist()}
+    out = {"instance": problem.name, "model": problem.model, "n, T, d": f"{problem.n}, {problem.T}, {problem.d}",
+           "opt": ", ".join(str(t) for t in problem.opt)}
     sol = cf.frobenius_svm(problem)
     out["Frobenius SVM feasible"] = sol.feasible
     if not sol.feasible:
         return out
-    out.update({"||θ^mm||": sol.value, "support tokens": cf.support_tokens(problem),
+    support = cf.support_tokens(problem)
+    out.update({"||θ^mm||": sol.value, "support tokens": "; ".join(f"input {i}: {ts}" for i, ts in enumerate(support)),
                 "locally optimal": cf.is_locally_optimal(problem)})
     if problem.model == "prompt":
-        out["p^mm"] = sol.theta.tolist()
+        out["p^mm"] = _vector(sol.theta)
     else:
         nuc = cf.nuclear_svm(problem)
         out.update({"rank W^mm": cf.rank(sol.theta), "rank W*^mm (nuclear)": cf.rank(nuc.theta),
