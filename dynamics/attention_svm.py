@@ -332,10 +332,11 @@ def _log_excess_loss_and_gradient(x, problem):
     else:
         # ℓ(u) − ℓ(γ) = |ℓ'(γ)|·δ·(1 + O(δ)); exact where δ is representable
         approx = cf.log_abs_loss_derivative(top, problem.loss) + log_delta
-        if problem.loss == "logistic":
-            exact = np.log(np.log1p(np.exp(-top) * np.expm1(delta) / (1 + np.exp(-top))))
-        else:
-            exact = np.log(np.exp(-top) * np.expm1(delta))
+        with np.errstate(divide="ignore"):  # the exact branch is used only where δ is representable
+            if problem.loss == "logistic":
+                exact = np.log(np.log1p(np.exp(-top) * np.expm1(delta) / (1 + np.exp(-top))))
+            else:
+                exact = np.log(np.exp(-top) * np.expm1(delta))
         log_excess = np.where(delta > 1e-200, exact, approx)
     log_total = np.logaddexp.reduce(log_excess) - np.log(problem.n)
     return log_total, g * np.exp(c - log_total)
