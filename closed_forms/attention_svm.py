@@ -1,0 +1,620 @@
+"""Attention as a max-margin token selector: the SVM problems, token optimality and the stable loss.
+
+Tarzanagh, Li, Zhang & Oymak, *Max-Margin Token Selection in Attention Mechanism* (NeurIPS 2023) and Tarzanagh,
+Li, Thrampoulidis & Oymak, *Transformers as Support Vector Machines* (2023). The derivations are in
+docs/attention_svm.md; section numbers below (§k) refer to that page.
+
+Every model here has *linear logits* (§2): token t of input i gets the logit ``l_it = <Φ_it, θ>``, with
+
+* the prompt model ``f(X) = <X v, S(X W p)>``: ``θ = p``, ``Φ_it = W^T x_it`` (the key of token t);
+* the cross-attention model ``f(X, z) = v^T X^T S(X W z)``: ``θ = vec(W)``, ``Φ_it = vec(x_it z_i^T)``.
+
+Everything is written once for θ. The (K, Q) factorisation is the cross model composed with ``W = K Q^T``.
+No randomness beyond the seeded instance constructors, no I/O, no plotting.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+from scipy import optimize
+
+from attnflow import seeding
+from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.parameters import Parameter, parse_parameters
+
+__all__ = ["AttentionSVMProblem", "LOSSES", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
+           "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
+           "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "logits",
+           "corr", "two_token_offset", "single_input_svm", "rank"]
+
+LOSSES = ("logistic", "linear", "exp")
+INSTANCES = ("random", "single_global", "single_local", "multi_input", "two_token", "joint_tight", "joint_relaxed")
+LOSS_CODE = {name: k for k, name in enumerate(LOSSES)}
+MAX_N, MAX_T, MAX_D = 200, 64, 64
+# A constraint counts as active (a support token) when its margin is within this of 1 (§4). The Frobenius SVM is
+# exact to round-off (≈1e-15); the nuclear one is certified to a relative duality gap ``NUC_GAP``.
+ACTIVE_TOL_FRO = 1e-7
+ACTIVE_TOL_NUC = 1e-4
+NUC_GAP = 1e-8
+
+
+@dataclass(frozen=True)
+class AttentionSVMProblem:
+    """A finite data set for one-layer attention with linear logits (§1–§2).
+
+    X : (n, T, d) tokens x_it.  Y : (n,) labels ±1.  v : (d,) the value head.
+    Z : (n, d) queries z_i of the cross-attention model, or ``None`` for the prompt model.
+    Wk : (d, d) the fixed key map W of the prompt model (keys k_it = W^T x_it); identity when ``None``.
+    loss : ``logistic`` (log(1 + e^{-u})), ``linear`` (−u) or ``exp`` (e^{-u}) — ℓ of eq. (2.2).
+    """
+
+    X: np.ndarray
+    Y: np.ndarray
+    v: np.ndarray
+    Z: np.ndarray | None = None
+    Wk: np.ndarray | None = None
+    loss: str = "logistic"
+    name: str = field(default="custom", compare=False)
+
+    PARAMETERS = (
+        Parameter("instance", "choice", "random", "which data set: a random instance (§7.1) or one of the toys",
+                  choices=INSTANCES),
+        Parameter("n", "integer", 6, "inputs (random instance)", minimum=1, maximum=MAX_N),
+        Parameter("T", "integer", 8, "tokens per input (random instance)", minimum=2, maximum=MAX_T),
+        Parameter("d", "integer", 10, "embedding dimension (random instance)", minimum=1, maximum=MAX_D),
+        Parameter("instance_seed", "integer", 0, "seed of the random instance", minimum=0, maximum=2**63 - 1),
+        Parameter("model", "choice", "cross", "random instance: cross-attention (θ = W) or prompt (θ = p)",
+                  choices=("cross", "prompt")),
+        Parameter("loss", "choice", "logistic", "the loss ℓ", choices=LOSSES),
+        Parameter("C", "real", 1.0, "the two-token toy's value C", minimum=0.0, strict=True, maximum=1e3),
+    )
+
+    def __post_init__(self):
+        X = check.finite_array(self.X, "X", ndim=3)
+        n, T, d = X.shape
+        if not (1 <= n <= MAX_N and 2 <= T <= MAX_T and 1 <= d <= MAX_D):
+            raise ValueError(f"X must have 1 ≤ n ≤ {MAX_N}, 2 ≤ T ≤ {MAX_T}, 1 ≤ d ≤ {MAX_D}; got shape {X.shape}")
+        Y = check.finite_array(self.Y, "Y", shape=(n,))
+        if not np.all(np.abs(Y) == 1):
+            raise ValueError("Y must hold labels ±1")
+        v = check.finite_array(self.v, "v", shape=(d,))
+        object.__setattr__(self, "X", X)
+        object.__setattr__(self, "Y", Y)
+        object.__setattr__(self, "v", v)
+        if self.Z is not None:
+            object.__setattr__(self, "Z", check.finite_array(self.Z, "Z", shape=(n, d)))
+            if self.Wk is not None:
+                raise ValueError("Wk (the prompt model's key map) must be None when Z (cross-attention) is given")
+        else:
+            Wk = np.eye(d) if self.Wk is None else self.Wk
+            object.__setattr__(self, "Wk", check.finite_array(Wk, "Wk", shape=(d, d)))
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+
+    # ---- derived quantities --------------------------------------------------------------------------------
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.X.shape[1]
+
+    @property
+    def d(self) -> int:
+        return self.X.shape[2]
+
+    @property
+    def model(self) -> str:
+        return "prompt" if self.Z is None else "cross"
+
+    @property
+    def P(self) -> int:
+        """Dimension of θ: d (prompt) or d² (cross)."""
+        return self.d if self.Z is None else self.d * self.d
+
+    @functools.cached_property
+    def features(self) -> np.ndarray:
+        """Φ (n, T, P): ``l_it = <Φ_it, θ>`` (§2.1)."""
+        if self.Z is None:
+            phi = self.X @ self.Wk
+        else:
+            phi = np.einsum("ita,ib->itab", self.X, self.Z).reshape(self.n, self.T, self.P)
+        phi = np.ascontiguousarray(phi)
+        phi.setflags(write=False)
+        return phi
+
+    @functools.cached_property
+    def scores(self) -> np.ndarray:
+        """Token scores γ_it = Y_i v^T x_it (§1)."""
+        gamma = self.Y[:, None] * (self.X @ self.v)
+        gamma.setflags(write=False)
+        return gamma
+
+    @functools.cached_property
+    def opt(self) -> np.ndarray:
+        """The globally optimal tokens opt_i = argmax_t γ_it; ValueError if one is not unique (§1)."""
+        gamma = self.scores
+        best = np.argmax(gamma, axis=1)
+        top = np.sort(gamma, axis=1)
+        if np.any(top[:, -1] - top[:, -2] <= 1e-12 * max(1.0, np.abs(gamma).max())):
+            raise ValueError("the optimal token is not unique in some input (equal top scores γ_it)")
+        best.setflags(write=False)
+        return best
+
+    def theta_shape(self) -> tuple:
+        return (self.d,) if self.Z is None else (self.d, self.d)
+
+    # ---- constructors --------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_params(cls, values) -> "AttentionSVMProblem":
+        p = parse_parameters(cls.PARAMETERS, values, owner="attention_svm")
+        name = p["instance"]
+        if name == "random":
+            return cls.random(p["n"], p["T"], p["d"], seed=p["instance_seed"], model=p["model"], loss=p["loss"])
+        if name == "two_token":
+            return cls.two_token(p["C"], loss=p["loss"])
+        return getattr(cls, name)(loss=p["loss"])
+
+    @classmethod
+    def random(cls, n: int, T: int, d: int, *, seed: seeding.SeedLike, model: str = "cross",
+               loss: str = "logistic") -> "AttentionSVMProblem":
+        """The random instance of the cross-attention experiments (§7.1): v, x_it, z_i uniform on the unit sphere,
+        Y_i = ±1 with probability ½ each. ``model="prompt"`` drops Z (keys = tokens)."""
+        n = check.integer(n, "n", minimum=1)
+        T = check.integer(T, "T", minimum=2)
+        d = check.integer(d, "d", minimum=1)
+        if n > MAX_N or T > MAX_T or d > MAX_D:
+            raise ValueError(f"n, T, d must be at most {MAX_N}, {MAX_T}, {MAX_D}; got {n}, {T}, {d}")
+        if model not in ("cross", "prompt"):
+            raise ValueError(f"model must be cross or prompt, got {model!r}")
+        rng = np.random.default_rng(seeding.as_seed_sequence(seed))
+        v = rng.normal(size=d)
+        v /= np.linalg.norm(v)
+        Y = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+        X = rng.normal(size=(n, T, d))
+        X /= np.linalg.norm(X, axis=-1, keepdims=True)
+        Z = rng.normal(size=(n, d))
+        Z /= np.linalg.norm(Z, axis=-1, keepdims=True)
+        return cls(X, Y, v, Z if model == "cross" else None, None, loss, name=f"random n={n} T={T} d={d}")
+
+    @classmethod
+    def single_global(cls, loss: str = "logistic") -> "AttentionSVMProblem":
+        """Single input, T = d = 3 (§7.2): non-optimal scores 0.9, 0.9 — every init goes to p^mm(opt)."""
+        return cls._single(0.9, loss, "single_global")
+
+    @classmethod
+    def single_local(cls, loss: str = "logistic") -> "AttentionSVMProblem":
+        """Single input (§7.2) with the third token's score 0: token 1 becomes locally optimal."""
+        return cls._single(0.0, loss, "single_local")
+
+    @classmethod
+    def _single(cls, gamma2: float, loss: str, name: str) -> "AttentionSVMProblem":
+        X = np.array([[[-0.1, 1.0, 1.0], [1.0, 0.0, 0.9], [0.0, 0.0, gamma2]]])
+        return cls(X, np.ones(1), np.array([0.0, 0.0, 1.0]), None, np.diag([1.0, 1.0, 0.0]), loss, name=name)
+
+    @classmethod
+    def multi_input(cls, loss: str = "logistic") -> "AttentionSVMProblem":
+        """n = 3 inputs of T = 7 tokens in d = 3 (§7.3): Gaussian clusters of scale 0.2 around (1,0), (−1,1) and
+        (−½,−½); the value channel is 1 on token 0 and ½ elsewhere. Drawn from the fixed seed 0."""
+        rng = np.random.default_rng(seeding.as_seed_sequence(0))
+        X = 0.2 * rng.normal(size=(3, 7, 3))
+        X[:, 0] += (1.0, 0.0, 0.0)
+        X[:, 1:4] += (-1.0, 1.0, 0.0)
+        X[:, 4:] += (-0.5, -0.5, 0.0)
+        X[:, 0, 2] = 1.0
+        X[:, 1:, 2] = 0.5
+        return cls(X, np.ones(3), np.array([0.0, 0.0, 1.0]), None, np.diag([1.0, 1.0, 0.0]), loss,
+                   name="multi_input")
+
+    @classmethod
+    def two_token(cls, C: float = 1.0, loss: str = "logistic") -> "AttentionSVMProblem":
+        """X_1 = [(0,0,0), (1,1,C)], X_2 = [(0,0,0), (1,−1,1)], v = e_3, keys diag(1,1,0) (§7.4)."""
+        C = check.real(C, "C", minimum=0.0, strict=True)
+        X = np.array([[[0.0, 0.0, 0.0], [1.0, 1.0, C]], [[0.0, 0.0, 0.0], [1.0, -1.0, 1.0]]])
+        return cls(X, np.ones(2), np.array([0.0, 0.0, 1.0]), None, np.diag([1.0, 1.0, 0.0]), loss,
+                   name=f"two_token C={C:g}")
+
+    @classmethod
+    def joint_tight(cls, loss: str = "logistic") -> "AttentionSVMProblem":
+        """Joint (v, p) toy (§7.5), all three inputs support vectors of the value SVM."""
+        return cls._joint(1.0, loss, "joint_tight")
+
+    @classmethod
+    def joint_relaxed(cls, loss: str = "logistic") -> "AttentionSVMProblem":
+        """Joint (v, p) toy (§7.5), input 3 is not a support vector of the value SVM."""
+        return cls._joint(1.5, loss, "joint_relaxed")
+
+    @classmethod
+    def _joint(cls, last: float, loss: str, name: str) -> "AttentionSVMProblem":
+        X = np.array([[[0.0, 0.0], [1.0, 1.0]], [[0.0, 0.0], [1.0, -1.0]], [[0.0, 0.0], [0.5, last]]])
+        return cls(X, np.array([1.0, -1.0, 1.0]), np.array([0.0, 1.0]), None, None, loss, name=name)
+
+    def with_value(self, v) -> "AttentionSVMProblem":
+        """The same data with another value head v."""
+        return AttentionSVMProblem(self.X, self.Y, v, self.Z, self.Wk, self.loss, name=self.name)
+
+
+# ==================================================================================================
+# The SVM problems (§3)
+# ==================================================================================================
+
+
+def _alpha(problem: AttentionSVMProblem, alpha) -> np.ndarray:
+    if alpha is None:
+        return np.asarray(problem.opt)
+    alpha = np.asarray(alpha)
+    if alpha.shape != (problem.n,) or not np.issubdtype(alpha.dtype, np.integer):
+        raise ValueError(f"alpha must be {problem.n} integer token indices, got {alpha!r}")
+    if np.any(alpha < 0) or np.any(alpha >= problem.T):
+        raise ValueError(f"alpha must index tokens 0..{problem.T - 1}, got {alpha.tolist()}")
+    return alpha
+
+
+def constraint_rows(problem: AttentionSVMProblem, alpha=None) -> tuple[np.ndarray, np.ndarray]:
+    """M_j = Φ_{iα_i} − Φ_it for j = (i, t), t ≠ α_i (§3): returns (M (m, P), index (m, 2))."""
+    alpha = _alpha(problem, alpha)
+    phi = problem.features
+    rows, index = [], []
+    for i in range(problem.n):
+        for t in range(problem.T):
+            if t != alpha[i]:
+                rows.append(phi[i, alpha[i]] - phi[i, t])
+                index.append((i, t))
+    return np.array(rows), np.array(index, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SVMSolution:
+    """A hard-margin SVM solution (§3): ``theta`` (None when infeasible), multipliers ``lam`` with
+    θ = Σ_j λ_j M_j (Frobenius) or the certified dual (nuclear), the active set, the margins <M_j, θ> and a
+    certificate: the Farkas vector of infeasibility, or the nuclear duality gap."""
+
+    feasible: bool
+    theta: np.ndarray | None
+    lam: np.ndarray | None
+    rows: np.ndarray
+    index: np.ndarray
+    norm: str
+    active: np.ndarray | None = None
+    margins: np.ndarray | None = None
+    gap: float = 0.0
+    certificate: np.ndarray | None = None
+    iterations: int = 0
+
+    @property
+    def value(self) -> float:
+        """||θ^mm|| in the problem's norm."""
+        if not self.feasible:
+            return float("inf")
+        if self.norm == "nuc":
+            return float(np.linalg.svd(self.theta, compute_uv=False).sum())
+        return float(np.linalg.norm(self.theta))
+
+
+def ldp(G, h) -> tuple[bool, np.ndarray, np.ndarray]:
+    """Least-distance programming min ||x|| s.t. G x ≥ h by one NNLS (Lawson & Hanson 1974, ch. 23; §3.1).
+
+    Solve min_{u ≥ 0} ||E u − e_{P+1}|| with E = [G^T; h^T]; r = E u − e_{P+1}. Infeasible iff r_{P+1} = 0
+    (then u/h^T u is a Farkas certificate: u ≥ 0, G^T u ≈ 0, h^T u = 1). Otherwise x = −r_{1:P}/r_{P+1} and the
+    KKT multipliers are λ = u/(−r_{P+1}) ≥ 0 with x = G^T λ. Returns (feasible, x or Farkas u, λ)."""
+    G = np.asarray(G, float)
+    h = np.asarray(h, float)
+    m, P = G.shape
+    E = np.vstack([G.T, h[None, :]])
+    f = np.zeros(P + 1)
+    f[-1] = 1.0
+    u, _ = optimize.nnls(E, f, maxiter=50 * (m + P + 1))
+    r = E @ u - f
+    scale = max(1.0, float(np.abs(G).max(initial=0.0)))
+    if -r[-1] < 1e-10:
+        return False, u / max(h @ u, 1e-300), u
+    x = -r[:P] / r[-1]
+    lam = u / (-r[-1])
+    if np.min(G @ x - h, initial=0.0) < -1e-8 * scale * max(1.0, np.linalg.norm(x)):
+        return False, u, lam  # numerically infeasible: the NNLS residual is not a solution
+    return True, x, lam
+
+
+def frobenius_svm(problem: AttentionSVMProblem, alpha=None, *, h=None) -> SVMSolution:
+    """Att-SVM / W-SVM: min ||θ||_2 (||W||_F) s.t. <M_j, θ> ≥ h_j (h = 1: §3), exact to round-off via :func:`ldp`."""
+    M, index = constraint_rows(problem, alpha)
+    h = np.ones(len(M)) if h is None else np.asarray(h, float)
+    feasible, x, lam = ldp(M, h)
+    if not feasible:
+        return SVMSolution(False, None, None, M, index, "fro", certificate=x)
+    margins = M @ x
+    active = (np.abs(margins - h) <= ACTIVE_TOL_FRO * max(1.0, np.abs(h).max())) & (h > 0)
+    theta = x.reshape(problem.theta_shape())
+    return SVMSolution(True, theta, lam, M, index, "fro", active=active, margins=margins)
+
+
+def nuclear_svm(problem: AttentionSVMProblem, alpha=None, *, gap: float = NUC_GAP,
+                max_iterations: int = 20_000) -> SVMSolution:
+    """Nuclear W-SVM min ||W||_* s.t. <M_j, W> ≥ 1 (§3.2) by primal–dual hybrid gradient (Chambolle & Pock 2011)
+    with singular-value thresholding, stopped at a certified relative duality gap ``gap``.
+
+    Dual: max 1^T λ s.t. ||Σ λ_j M_j||_op ≤ 1, λ ≥ 0. Lower bound 1^T λ/||A^*λ||_op at λ = −y; upper bound
+    ||W||_*/min_j <M_j, W> (W rescaled to feasibility). The Frobenius solution decides feasibility first."""
+    if problem.Z is None:
+        raise ValueError("the nuclear-norm SVM needs the cross-attention model (Z given): θ = W is a matrix")
+    fro = frobenius_svm(problem, alpha)
+    if not fro.feasible:
+        return SVMSolution(False, None, None, fro.rows, fro.index, "nuc", certificate=fro.certificate)
+    M, index = fro.rows, fro.index
+    d = problem.d
+    A = M  # (m, d²): (A W)_j = <M_j, W>
+    step = 0.95 / np.linalg.norm(A, 2)
+    W = fro.theta.ravel().copy()
+    Wbar = W.copy()
+    # Warm start at the Frobenius solution and its multipliers rescaled to the nuclear dual's size
+    # (1^T λ = ||W||_* at the optimum); it cuts the iterations on ill-conditioned instances severalfold.
+    y = -fro.lam * np.linalg.svd(fro.theta, compute_uv=False).sum() / np.sum(fro.theta**2)
+    best = (np.inf, None, None)
+    lower = 0.0
+    it = 0
+    for it in range(1, max_iterations + 1):
+        y = np.minimum(y + step * (A @ Wbar - 1.0), 0.0)
+        U, s, Vt = np.linalg.svd((W - step * (A.T @ y)).reshape(d, d))
+        s = np.maximum(s - step, 0.0)
+        W_new = ((U * s) @ Vt).ravel()
+        Wbar = 2 * W_new - W
+        W = W_new
+        if it % 25 == 0:
+            margin = float(np.min(A @ W))
+            if margin > 0:
+                upper = s.sum() / margin
+                if upper < best[0]:
+                    best = (upper, W / margin, -y.copy())
+            lam = -y
+            op = np.linalg.norm((A.T @ lam).reshape(d, d), 2)
+            if op > 0:
+                lower = max(lower, lam.sum() / op)
+            if best[1] is not None and best[0] - lower <= gap * best[0]:
+                break
+    upper, W, lam = best
+    if W is None:
+        raise ValueError("the nuclear SVM found no feasible iterate (degenerate constraints)")
+    margins = A @ W
+    theta = W.reshape(d, d)
+    active = np.abs(margins - 1.0) <= ACTIVE_TOL_NUC
+    return SVMSolution(True, theta, lam, M, index, "nuc", active=active, margins=margins,
+                       gap=float((upper - lower) / upper), iterations=it)
+
+
+def svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") -> SVMSolution:
+    """The hard-margin SVM of token choice α (default opt) in the Frobenius (``fro``) or nuclear (``nuc``) norm."""
+    if norm == "fro":
+        return frobenius_svm(problem, alpha)
+    if norm == "nuc":
+        return nuclear_svm(problem, alpha)
+    raise ValueError(f"norm must be fro or nuc, got {norm!r}")
+
+
+def rank(W, relative: float = 1e-5) -> int:
+    """Numerical rank: singular values above ``relative``·σ_max (§3.2)."""
+    s = np.linalg.svd(np.asarray(W, float), compute_uv=False)
+    return int(np.sum(s > relative * s[0])) if s.size and s[0] > 0 else 0
+
+
+def support_tokens(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") -> list[list[int]]:
+    """T_i(α) = {t ≠ α_i : <M_it, θ^mm_α> = 1}, the active constraints (§4); ValueError if the SVM is infeasible."""
+    sol = svm(problem, alpha, norm)
+    if not sol.feasible:
+        raise ValueError("alpha: the SVM of this token choice is infeasible, it has no support tokens")
+    found = [[] for _ in range(problem.n)]
+    for (i, t), on in zip(sol.index, sol.active):
+        if on:
+            found[i].append(int(t))
+    return found
+
+
+def is_locally_optimal(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") -> bool:
+    """α is locally optimal iff its SVM is feasible and γ_{iα_i} > γ_it for every support token t ∈ T_i(α) (§4)."""
+    alpha = _alpha(problem, alpha)
+    sol = svm(problem, alpha, norm)
+    if not sol.feasible:
+        return False
+    gamma = problem.scores
+    return all(gamma[i, alpha[i]] > gamma[i, t] for (i, t), on in zip(sol.index, sol.active) if on)
+
+
+def log_abs_loss_derivative(u, loss: str):
+    """log|ℓ'(u)|: logistic −log(1 + e^u), linear 0, exponential −u."""
+    u = np.asarray(u, float)
+    if loss == "logistic":
+        return -np.logaddexp(0.0, u)
+    if loss == "linear":
+        return np.zeros_like(u)
+    return -u
+
+
+def offset_prediction(problem: AttentionSVMProblem, alpha=None) -> np.ndarray:
+    """The finite offset ρ* of GD/NGD iterates θ_k = r_k θ̂^mm + ρ* + … (§6.2).
+
+    ρ* = Σ_{j∈S} β_j M_j with <M_j, ρ*> = b_j + c, b_j = log(|ℓ'(γ_iα)|(γ_iα − γ_it)/λ_j), and <θ^mm, ρ*> = 0:
+    the (|S|+1)-dimensional system Gβ − c1 = b, λ^T G β = 0 with G the Gram matrix of the support rows.
+    ValueError when the prediction does not exist: infeasible SVM, a support token with γ_it ≥ γ_iα (α not
+    locally optimal), a zero multiplier on an active row, or linearly dependent support rows."""
+    alpha = _alpha(problem, alpha)
+    sol = frobenius_svm(problem, alpha)
+    if not sol.feasible:
+        raise ValueError("alpha: the SVM is infeasible, there is no offset")
+    S = np.flatnonzero(sol.active)
+    lam = sol.lam[S]
+    if np.any(lam <= 1e-9 * max(1.0, sol.lam.max())):
+        raise ValueError("alpha: degenerate SVM (an active constraint has multiplier 0), the offset is undefined")
+    gamma = problem.scores
+    i, t = sol.index[S, 0], sol.index[S, 1]
+    gap = gamma[i, alpha[i]] - gamma[i, t]
+    if np.any(gap <= 0):
+        raise ValueError("alpha is not locally optimal: a support token scores at least as high")
+    M = sol.rows[S]
+    G = M @ M.T
+    if np.linalg.matrix_rank(G, tol=1e-10 * max(1.0, np.abs(G).max())) < len(S):
+        raise ValueError("alpha: the support rows are linearly dependent, the offset is not unique")
+    b = log_abs_loss_derivative(gamma[i, alpha[i]], problem.loss) + np.log(gap) - np.log(lam)
+    k = len(S)
+    system = np.zeros((k + 1, k + 1))
+    system[:k, :k] = G
+    system[:k, k] = -1.0
+    system[k, :k] = lam @ G
+    rhs = np.concatenate([b, [0.0]])
+    beta = np.linalg.solve(system, rhs)[:k]
+    return (beta @ M).reshape(problem.theta_shape())
+
+
+def two_token_offset(C: float, loss: str) -> float:
+    """Closed form of §6.2 for the two-token toy: p2* = ½ log(C|ℓ'(C)|/|ℓ'(1)|)."""
+    return 0.5 * (np.log(C) + float(log_abs_loss_derivative(C, loss)) - float(log_abs_loss_derivative(1.0, loss)))
+
+
+def single_input_svm(alpha: int) -> np.ndarray:
+    """Closed forms of the single-input toy (§7.2): p^mm(opt = 0) = (−0.1, 1, 0)/1.01 and p^mm(α = 1) = (1, 0, 0)."""
+    if alpha == 0:
+        return np.array([-0.1, 1.0, 0.0]) / 1.01
+    if alpha == 1:
+        return np.array([1.0, 0.0, 0.0])
+    raise ValueError(f"alpha must be 0 or 1, got {alpha!r}")
+
+
+def value_svm(problem: AttentionSVMProblem, alpha=None) -> np.ndarray:
+    """v^mm = argmin ||v|| s.t. Y_i v^T x_{iα_i} ≥ 1 (the value SVM of joint training, §4)."""
+    alpha = _alpha(problem, alpha)
+    G = problem.Y[:, None] * problem.X[np.arange(problem.n), alpha]
+    feasible, v, _ = ldp(G, np.ones(problem.n))
+    if not feasible:
+        raise ValueError("alpha: the value SVM on the selected tokens is infeasible")
+    return v
+
+
+def relaxed_svm(problem: AttentionSVMProblem, alpha=None) -> SVMSolution:
+    """p^relax (§4): margin ≥ 1 on the inputs that are support vectors of the value SVM, ≥ 0 on the others."""
+    alpha = _alpha(problem, alpha)
+    v_mm = value_svm(problem, alpha)
+    margins = problem.Y * (problem.X[np.arange(problem.n), alpha] @ v_mm)
+    support = np.abs(margins - 1.0) <= 1e-7
+    M, index = constraint_rows(problem, alpha)
+    h = np.where(support[index[:, 0]], 1.0, 0.0)
+    return frobenius_svm(problem, alpha, h=h)
+
+
+def corr(A, B) -> float:
+    """corr(A, B) = <A, B>_F/(||A||_F ||B||_F) (§1)."""
+    A = np.asarray(A, float).ravel()
+    B = np.asarray(B, float).ravel()
+    return float(A @ B / (np.linalg.norm(A) * np.linalg.norm(B)))
+
+
+# ==================================================================================================
+# Loss and gradient in log scale (§2.3)
+# ==================================================================================================
+
+
+@njit(cache=True)
+def log_scaled_logit_gradient(logit, a, Y, loss_code):
+    """dL/dl_it = e^c D_it (§2.3, eq. 2.3a) with D computed without cancellation or underflow.
+
+    logit, a : (n, T) logits and token values; Y : (n,).  Returns (D, c, loss, log_loss, unsat) where
+    c = max_i[log|ℓ'(u_i)| + max_{t≠τ}(log s_it + log s_iτ)], ``loss`` = L, ``log_loss`` = log L and
+    ``unsat`` = max_i (1 − max_t s_it), computed as a sum of the small probabilities."""
+    n, T = logit.shape
+    logs = np.empty((n, T))
+    u = np.empty(n)
+    lp = np.empty(n)
+    unsat = 0.0
+    for i in range(n):
+        m = logit[i].max()
+        total = 0.0
+        for t in range(T):
+            total += np.exp(logit[i, t] - m)
+        lse = m + np.log(total)
+        top = 0
+        for t in range(T):
+            logs[i, t] = logit[i, t] - lse
+            if logs[i, t] > logs[i, top]:
+                top = t
+        rest = 0.0
+        f = 0.0
+        for t in range(T):
+            f += np.exp(logs[i, t]) * a[i, t]
+            if t != top:
+                rest += np.exp(logs[i, t])
+        unsat = max(unsat, rest)
+        u[i] = Y[i] * f
+        if loss_code == 0:
+            lp[i] = -np.logaddexp(0.0, u[i])
+        elif loss_code == 1:
+            lp[i] = 0.0
+        else:
+            lp[i] = -u[i]
+    # log of the loss (its sum is formed in log scale so exponential/logistic losses never underflow)
+    ell = np.empty(n)
+    for i in range(n):
+        if loss_code == 0:
+            ell[i] = np.logaddexp(0.0, -u[i])
+        elif loss_code == 1:
+            ell[i] = -u[i]
+        else:
+            ell[i] = np.exp(-u[i])
+    loss = ell.mean()
+    log_loss = np.nan
+    if loss_code != 1:
+        logl = np.empty(n)
+        for i in range(n):
+            if loss_code == 0:
+                # log log(1 + e^{-u}); for large u, log(1+e^{-u}) ≈ e^{-u} and its log is −u
+                logl[i] = np.log(ell[i]) if ell[i] > 1e-300 else -u[i]
+            else:
+                logl[i] = -u[i]
+        mx = logl.max()
+        s = 0.0
+        for i in range(n):
+            s += np.exp(logl[i] - mx)
+        log_loss = mx + np.log(s) - np.log(n)
+    c = -np.inf
+    for i in range(n):
+        a1 = -np.inf
+        a2 = -np.inf
+        for t in range(T):
+            if logs[i, t] > a1:
+                a2 = a1
+                a1 = logs[i, t]
+            elif logs[i, t] > a2:
+                a2 = logs[i, t]
+        c = max(c, lp[i] + a1 + a2)
+    D = np.zeros((n, T))
+    for i in range(n):
+        for t in range(T):
+            acc = 0.0
+            for tau in range(T):
+                if tau != t:
+                    acc += np.exp(lp[i] + logs[i, t] + logs[i, tau] - c) * (a[i, t] - a[i, tau])
+            # ℓ' < 0, so dL/dl = −|ℓ'| Y s (a − f)/n
+            D[i, t] = -Y[i] * acc / n
+    return D, c, loss, log_loss, unsat
+
+
+def logits(problem: AttentionSVMProblem, theta) -> np.ndarray:
+    """l_it = <Φ_it, θ> (§2.1)."""
+    theta = check.finite_array(theta, "theta", shape=problem.theta_shape())
+    return problem.features @ theta.ravel()
+
+
+def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = False) -> dict:
+    """Loss L(θ) = (1/n)Σ ℓ(Y_i f_i) and ∇_θ L (§2.3) at θ (p: (d,), W: (d, d)).
+
+    Returns ``loss``, ``log_loss``, ``gradient`` (underflows to 0 far out), ``direction`` ∇L/||∇L|| (exact at any
+    ||θ||), ``log_gradient_scale`` (log of the factor e^c) and ``unsat`` = max_i(1 − max_t s_it)."""
+    l = logits(problem, theta)
+    a = problem.X @ problem.v
+    D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, problem.Y, LOSS_CODE[problem.loss])
+    g = np.einsum("it,itp->p", D, problem.features).reshape(problem.theta_shape())
+    norm = np.linalg.norm(g)
+    return dict(loss=float(loss), log_loss=float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,
+                direction=g / norm if norm > 0 else g, log_gradient_scale=float(c), unsat=float(unsat))

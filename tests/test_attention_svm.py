@@ -1,0 +1,276 @@
+"""attention_svm: the SVM solvers against independent methods, the log-scaled loss against finite differences and
+high-precision brute force, Problem validation, reproducibility, every claim at quick settings, and claims that can
+fail."""
+import mpmath
+import numpy as np
+import pytest
+from scipy import optimize
+
+from attnflow import seeding
+from attnflow.closed_forms import attention_svm as cf
+from attnflow.closed_forms.attention_svm import AttentionSVMProblem
+from attnflow.dynamics import attention_svm as dyn
+from attnflow.dynamics.errors import DivergenceError
+from attnflow.validation import attention_svm as claims
+from attnflow.validation.claims import run_claim
+from attnflow.validation.systems import get_system
+
+P = AttentionSVMProblem
+
+
+def _slsqp_svm(M, h):
+    """min ½||x||² s.t. M x ≥ h by SLSQP from a feasible start: an independent solver for the Frobenius SVM."""
+    x0 = np.linalg.lstsq(M, h, rcond=None)[0]
+    x0 = x0 / max(min(np.min(M @ x0 / np.where(h > 0, h, 1)), 1), 1e-3) * 1.5
+    return optimize.minimize(lambda x: 0.5 * x @ x, x0, jac=lambda x: x, method="SLSQP",
+                             constraints=[dict(type="ineq", fun=lambda x: M @ x - h, jac=lambda x: M)],
+                             options=dict(ftol=1e-15, maxiter=1000))
+
+
+def _dual_svm(M, h):
+    """The dual max_{λ≥0} h^T λ − ½||M^T λ||² by L-BFGS-B with bounds (θ = M^T λ): a second independent solver."""
+    G = M @ M.T
+    result = optimize.minimize(lambda lam: (0.5 * lam @ G @ lam - h @ lam, G @ lam - h), np.zeros(len(h)), jac=True,
+                               method="L-BFGS-B", bounds=[(0, None)] * len(h),
+                               options=dict(ftol=1e-15, gtol=1e-13, maxiter=20000))
+    return M.T @ result.x
+
+
+@pytest.mark.parametrize("model, n, T, d", [("prompt", 4, 3, 5), ("cross", 3, 4, 3), ("cross", 6, 8, 10)])
+def test_frobenius_svm_matches_slsqp_and_kkt(model, n, T, d):
+    problem = P.random(n, T, d, seed=7, model=model)
+    sol = cf.frobenius_svm(problem)
+    assert sol.feasible
+    x = sol.theta.ravel()
+    slack = sol.rows @ x - 1
+    assert np.abs(x - sol.rows.T @ sol.lam).max() < 1e-9          # stationarity
+    assert slack.min() > -1e-9 and sol.lam.min() >= 0              # primal and dual feasibility
+    assert np.abs(sol.lam * slack).max() < 1e-9                    # complementary slackness
+    reference = _dual_svm(sol.rows, np.ones(len(sol.rows)))
+    assert np.abs(reference - x).max() < 1e-6 * max(1, np.abs(x).max())
+    primal = _slsqp_svm(sol.rows, np.ones(len(sol.rows)))
+    if primal.success:  # SLSQP sometimes stops early on the larger instances; the dual check stands alone then
+        assert np.abs(primal.x - x).max() < 1e-6 * max(1, np.abs(x).max())
+
+
+def test_infeasible_svm_has_a_farkas_certificate():
+    found = 0
+    for s in range(10):
+        problem = P.random(5, 5, 2, seed=s)
+        sol = cf.frobenius_svm(problem)
+        if sol.feasible:
+            continue
+        found += 1
+        u = sol.certificate
+        assert u.min() >= 0 and abs(u.sum() - 1) < 1e-9          # h = 1: h^T u = 1
+        assert np.abs(sol.rows.T @ u).max() < 1e-7                 # G^T u = 0: no θ can satisfy G θ ≥ 1
+        with pytest.raises(ValueError, match="infeasible"):
+            cf.offset_prediction(problem)
+        with pytest.raises(ValueError, match="infeasible"):
+            cf.support_tokens(problem)
+        assert not cf.is_locally_optimal(problem)
+    assert found >= 3
+
+
+def test_ldp_matches_slsqp_with_zero_margins():
+    problem = P.joint_relaxed()
+    sol = cf.relaxed_svm(problem, np.array([1, 1, 1]))
+    h = np.array([1.0, 1.0, 0.0])
+    reference = _slsqp_svm(sol.rows, h)
+    assert np.allclose(sol.theta, reference.x, atol=1e-7)
+    assert np.allclose(sol.theta, [1, 0], atol=1e-12)
+
+
+def test_nuclear_svm_matches_burer_monteiro():
+    problem = P.random(3, 3, 3, seed=2)
+    nuc = cf.nuclear_svm(problem)
+    assert nuc.feasible and nuc.gap <= 1e-8
+    d, M = problem.d, nuc.rows
+    rng = np.random.default_rng(0)
+    best = None
+    for _ in range(4):  # nonconvex: a few starts, keep the best
+        x0 = rng.normal(size=2 * d * d) * 3
+
+        def W(x):
+            return x[: d * d].reshape(d, d) @ x[d * d:].reshape(d, d).T
+
+        result = optimize.minimize(lambda x: 0.5 * x @ x, x0, jac=lambda x: x, method="SLSQP",
+                                   constraints=[dict(type="ineq", fun=lambda x: M @ W(x).ravel() - 1)],
+                                   options=dict(ftol=1e-13, maxiter=2000))
+        if result.success and (best is None or result.fun < best.fun):
+            best = result
+    assert best is not None
+    assert abs(best.fun - nuc.value) < 1e-5 * nuc.value                   # min ½(||K||² + ||Q||²) = ||W||_*
+    Wbm = best.x[: d * d].reshape(d, d) @ best.x[d * d:].reshape(d, d).T
+    assert cf.corr(Wbm, nuc.theta) > 1 - 1e-5
+    assert nuc.value <= cf.frobenius_svm(problem).value * np.sqrt(d) + 1e-9
+    assert np.linalg.svd(nuc.theta, compute_uv=False).sum() <= np.linalg.svd(
+        cf.frobenius_svm(problem).theta, compute_uv=False).sum() + 1e-9
+
+
+@pytest.mark.parametrize("loss", cf.LOSSES)
+@pytest.mark.parametrize("model", ["prompt", "cross"])
+def test_gradient_matches_finite_differences(loss, model):
+    problem = P.random(3, 4, 3, seed=11, model=model, loss=loss)
+    theta = np.random.default_rng(1).normal(size=problem.theta_shape())
+    out = cf.loss_and_gradient(problem, theta)
+    numeric = np.zeros(theta.size)
+    for k in range(theta.size):
+        e = np.zeros(theta.size)
+        e[k] = 1e-6
+        plus = cf.loss_and_gradient(problem, theta + e.reshape(theta.shape))["loss"]
+        minus = cf.loss_and_gradient(problem, theta - e.reshape(theta.shape))["loss"]
+        numeric[k] = (plus - minus) / 2e-6
+    assert np.allclose(out["gradient"].ravel(), numeric, atol=1e-8, rtol=1e-6)
+    # brute force: naive softmax and loss
+    s = np.exp(cf.logits(problem, theta))
+    s /= s.sum(axis=1, keepdims=True)
+    u = problem.Y * np.sum(s * (problem.X @ problem.v), axis=1)
+    ell = {"logistic": np.log1p(np.exp(-u)), "linear": -u, "exp": np.exp(-u)}[loss]
+    assert abs(out["loss"] - ell.mean()) < 1e-12
+
+
+def test_normalised_direction_is_exact_far_out():
+    """At ||p|| = 400 the naive gradient is lost to round-off; the log-scaled direction matches 300-digit arithmetic."""
+    problem = P.multi_input()
+    theta = 400 * cf.frobenius_svm(problem).theta / np.linalg.norm(cf.frobenius_svm(problem).theta) + [0.3, -0.2, 0]
+    direction = cf.loss_and_gradient(problem, theta)["direction"]
+    mpmath.mp.dps = 300
+    phi, a, Y, n = problem.features, problem.X @ problem.v, problem.Y, problem.n
+    grad = [mpmath.mpf(0)] * 3
+    for i in range(n):
+        logit = [mpmath.fsum(mpmath.mpf(float(phi[i, t, q])) * mpmath.mpf(float(theta[q])) for q in range(3))
+                 for t in range(problem.T)]
+        e = [mpmath.exp(x) for x in logit]
+        Z = mpmath.fsum(e)
+        s = [x / Z for x in e]
+        f = mpmath.fsum(s[t] * mpmath.mpf(float(a[i, t])) for t in range(problem.T))
+        lprime = -1 / (1 + mpmath.exp(Y[i] * f))
+        for t in range(problem.T):
+            w = lprime * Y[i] * s[t] * (mpmath.mpf(float(a[i, t])) - f) / n
+            for q in range(3):
+                grad[q] += w * mpmath.mpf(float(phi[i, t, q]))
+    norm = mpmath.sqrt(mpmath.fsum(g * g for g in grad))
+    exact = np.array([float(g / norm) for g in grad])
+    assert np.abs(direction - exact).max() < 1e-12
+
+
+def test_offset_prediction_two_token_closed_form():
+    for loss in cf.LOSSES:
+        for C in (1.0, 3.0, 50.0):
+            rho = cf.offset_prediction(P.two_token(C, loss))
+            assert abs(rho[1] - cf.two_token_offset(C, loss)) < 1e-12 and abs(rho[0]) < 1e-12
+
+
+def test_local_optimality_and_support_of_the_toys():
+    assert cf.support_tokens(P.single_global(), np.array([0])) == [[2]]
+    assert not cf.is_locally_optimal(P.single_global(), np.array([1]))
+    assert cf.is_locally_optimal(P.single_local(), np.array([1]))
+    with pytest.raises(ValueError, match="not locally optimal"):
+        cf.offset_prediction(P.single_global(), np.array([1]))
+
+
+def test_problem_validation():
+    X = np.zeros((2, 3, 2))
+    with pytest.raises(ValueError, match="Y"):
+        P(X, np.array([1.0, 0.5]), np.ones(2))
+    with pytest.raises(ValueError, match="Y"):
+        P(X, np.ones(3), np.ones(2))
+    with pytest.raises(ValueError, match="v"):
+        P(X, np.ones(2), np.ones(3))
+    with pytest.raises(ValueError, match="X"):
+        P(np.zeros((2, 3)), np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="X"):
+        P(np.full((2, 3, 2), np.nan), np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="Z"):
+        P(X, np.ones(2), np.ones(2), Z=np.ones((3, 2)))
+    with pytest.raises(ValueError, match="Wk"):
+        P(X, np.ones(2), np.ones(2), Z=np.ones((2, 2)), Wk=np.eye(2))
+    with pytest.raises(ValueError, match="loss"):
+        P(X, np.ones(2), np.ones(2), loss="hinge")
+    with pytest.raises(ValueError, match="optimal token is not unique"):
+        _ = P(X, np.ones(2), np.ones(2)).opt
+    with pytest.raises(ValueError, match="alpha"):
+        cf.frobenius_svm(P.multi_input(), np.array([0, 0, 9]))
+    with pytest.raises(ValueError, match="d"):
+        P.from_params({"d": "100000"})
+    with pytest.raises(ValueError, match="unknown"):
+        P.from_params({"dd": "3"})
+    with pytest.raises(ValueError, match="nuclear"):
+        cf.nuclear_svm(P.multi_input())
+    assert P.from_params({"instance": "two_token", "C": "2", "loss": "exp"}).X[0, 1, 2] == 2.0
+
+
+def test_dynamics_validation_and_reproducibility():
+    problem = P.random(3, 4, 3, seed=0)
+    with pytest.raises(ValueError, match="theta0"):
+        dyn.train(problem, np.zeros(3))
+    with pytest.raises(ValueError, match="steps"):
+        dyn.train(problem, np.zeros((3, 3)), steps=10**9)
+    with pytest.raises(ValueError, match="eta"):
+        dyn.train(problem, np.zeros((3, 3)), eta=-1)
+    with pytest.raises(ValueError, match="algorithm"):
+        dyn.minibatch(problem, seed=0, algorithm="joint")
+    with pytest.raises(TypeError):
+        dyn.minibatch(problem)  # the seed has no default
+    a = dyn.minibatch(problem, seed=3, steps=200)
+    b = dyn.minibatch(problem, seed=3, steps=200)
+    c = dyn.minibatch(problem, seed=4, steps=200)
+    assert np.array_equal(a.states["theta"], b.states["theta"])
+    assert not np.array_equal(a.states["theta"], c.states["theta"])
+    for algorithm in ("gd", "kq", "kq_joint"):
+        run = dyn.minibatch(problem, seed=1, algorithm=algorithm, steps=100)
+        assert np.all(np.isfinite(run.metrics["loss"]))
+    joint = dyn.minibatch(P.joint_tight(), seed=1, algorithm="joint", steps=100)
+    assert joint.states["v"].shape == (len(joint.times), 2)
+
+
+def test_divergence_is_reported_with_the_step():
+    problem = P.random(3, 4, 3, seed=0)
+    with pytest.raises(DivergenceError, match="step 1"):
+        dyn.train(problem, np.full((3, 3), 1e308), eta=1e308, steps=5, normalise=True)
+
+
+def test_regularisation_path_approaches_the_svm():
+    run = dyn.population(P.multi_input(), R_max=64, points=4)
+    assert np.all(np.diff(run.metrics["one_minus_corr"]) < 0)
+    assert np.allclose(run.metrics["norm"], run.times, rtol=1e-6)
+
+
+def test_system_is_registered():
+    system = get_system("attention_svm")
+    assert system.problem is P
+    assert len(system.claims()) >= 19
+
+
+def test_every_claim_passes_at_quick_settings():
+    system = get_system("attention_svm")
+    results = [run_claim(c, seed=0) for c in system.claims()]
+    bad = [(r.name, r.status, r.measured, r.notes[:300]) for r in results
+           if r.status != "PASS" and r.name not in claims.FINDINGS]
+    assert not bad, bad
+
+
+def _run(name):
+    return run_claim(get_system("attention_svm").claims()[[c.name for c in get_system("attention_svm").claims()]
+                                                          .index(name)], seed=0)
+
+
+def test_claims_can_fail(monkeypatch):
+    true_offset = cf.two_token_offset
+    monkeypatch.setattr(cf, "two_token_offset", lambda C, loss: true_offset(C, loss) + 1e-4)
+    assert _run("attention_svm.two_token_direction_and_offset").status == "FAIL"
+    monkeypatch.undo()
+    true_svm = cf.single_input_svm
+    monkeypatch.setattr(cf, "single_input_svm", lambda alpha: true_svm(alpha) * (1 + 1e-9))
+    assert _run("attention_svm.single_input_svm").status == "FAIL"
+    monkeypatch.undo()
+    true_prediction = cf.offset_prediction
+    monkeypatch.setattr(cf, "offset_prediction", lambda problem, alpha=None: 1.1 * true_prediction(problem, alpha))
+    assert _run("attention_svm.offset_matches_prediction").status == "FAIL"
+
+
+def test_claim_seeds_give_other_ensembles():
+    a = claims.ensemble(seeding.named(0, "x"), 2, 200, 100)
+    b = claims.ensemble(seeding.named(1, "x"), 2, 200, 100)
+    assert not np.array_equal(a[0]["problem"].X, b[0]["problem"].X)

@@ -1,0 +1,813 @@
+"""Claims of Tarzanagh et al., *Max-Margin Token Selection in Attention Mechanism* (NeurIPS 2023) and
+*Transformers as Support Vector Machines* (2023): attention trained by (normalised) gradient descent converges in
+direction to a max-margin SVM that separates the selected tokens (docs/attention_svm.md, §8 lists the claims).
+
+The theory side is a convex program (the SVM, its support set, multipliers and the offset ρ*); the simulation
+side is the papers' training algorithm on the same finite data set. The random instances and initialisations of
+the ensemble claims come from the run's instance seed (:func:`attnflow.seeding.instance`), so the claims of one run
+share one ensemble, computed once.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from attnflow import seeding
+from attnflow.closed_forms import attention_svm as cf
+from attnflow.closed_forms.attention_svm import AttentionSVMProblem
+from attnflow.dynamics import attention_svm as dyn
+
+from . import plots, stats
+from .claims import Outcome, claim
+from .systems import Parameter, System
+
+MM = "Tarzanagh, Li, Zhang & Oymak, NeurIPS 2023 (arXiv:2306.13596)"
+SVM = "Tarzanagh, Li, Thrampoulidis & Oymak, 2023 (arXiv:2308.16898)"
+PAPER = f"{MM}; {SVM}"
+ETA = 0.1
+LEVEL = 0.95  # Clopper–Pearson level of every reported fraction
+
+# Paper statements that the measurements contradict at the papers' horizons (docs/attention_svm.md §9).
+FINDINGS: dict = {}
+
+
+def clopper_pearson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Exact two-sided binomial interval for k successes in n trials."""
+    alpha = 1 - level
+    low = 0.0 if k == 0 else float(scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return low, high
+
+
+def _fraction(k: int, n: int) -> str:
+    low, high = clopper_pearson(k, n)
+    return f"{k}/{n} (95% CP [{low:.2f}, {high:.2f}])"
+
+
+def _vector(x) -> str:
+    return "(" + ", ".join(f"{v:.6g}" for v in np.asarray(x).ravel() + 0.0) + ")"
+
+
+def _one_minus_corr(thetas, target) -> np.ndarray:
+    flat = np.asarray(thetas, float).reshape(len(thetas), -1)
+    t = np.asarray(target, float).ravel()
+    return 1 - flat @ t / (np.linalg.norm(flat, axis=1) * np.linalg.norm(t))
+
+
+# ==================================================================================================
+# E1: the single-input toy
+# ==================================================================================================
+
+SINGLE_INITS = (1.0, 0.5, 0.0, -0.5, -1.0, -1.5)
+
+
+@claim("attention_svm.single_input_svm",
+       reference=f"{MM}: Att-SVM (eq. Att-SVM), single-input figure; docs §7.2",
+       statement="On the single-input toy the Att-SVM of the optimal token is p^mm = (−0.1, 1, 0)/1.01 with only the "
+                 "constraint against token 2 active, and the SVM of token 1 is (1, 0, 0), again with token 2 active.",
+       quick={}, full={})
+def single_input_svm(seed):
+    problem = AttentionSVMProblem.single_global()
+    rows = []
+    for alpha in (0, 1):
+        sol = cf.frobenius_svm(problem, np.array([alpha]))
+        rows.append(dict(alpha=alpha, error=float(np.abs(sol.theta - cf.single_input_svm(alpha)).max()),
+                         support=cf.support_tokens(problem, np.array([alpha]))[0]))
+    worst = max(r["error"] for r in rows)
+    return Outcome(measured={"max |p^mm − closed form|": worst, "support(opt)": rows[0]["support"],
+                             "support(α=1)": rows[1]["support"]},
+                   predicted={"max |p^mm − closed form|": 0.0, "support(opt)": [2], "support(α=1)": [2]},
+                   tolerance="error < 1e-12 and the support sets equal {2}",
+                   basis="round-off of the least-distance NNLS (exact in exact arithmetic)",
+                   passed=worst < 1e-12 and rows[0]["support"] == [2] and rows[1]["support"] == [2], details=rows)
+
+
+def _single_runs(problem, steps):
+    return [dyn.train(problem, np.array([0.0, c, 0.0]), eta=ETA, steps=steps) for c in SINGLE_INITS]
+
+
+def _paths_figure(runs, targets, title, upto=200):
+    def draw():
+        fig, ax = plots.figure()
+        for run in runs:
+            keep = run.times <= upto
+            ax.plot(run.states["theta"][keep, 0], run.states["theta"][keep, 1], color="gray", marker=".", ms=3)
+        for label, target, style in targets:
+            direction = np.asarray(target)[:2] / np.linalg.norm(target)
+            ax.plot([0, 12 * direction[0]], [0, 12 * direction[1]], label=label, **style)
+        plots.finish(ax, title, "p₁", "p₂")
+        return fig
+    return draw
+
+
+@claim("attention_svm.single_input_global",
+       reference=f"{MM}: global convergence theorem (equal non-optimal scores), single-input figure; docs §5",
+       statement="When the non-optimal tokens have equal scores (0.9, 0.9), normalised GD from each of the six paper "
+                 "initialisations converges in direction to p^mm(opt).",
+       quick=dict(steps=1000), full=dict(steps=4000))
+def single_input_global(seed, steps):
+    problem = AttentionSVMProblem.single_global()
+    runs = _single_runs(problem, steps)
+    corrs = [cf.corr(r.final["theta"], cf.single_input_svm(0)) for r in runs]
+    threshold = 0.999
+    return Outcome(measured={"min corr(p_k, p^mm(opt))": min(corrs)}, predicted={"corr": 1.0},
+                   tolerance=f"min corr > {threshold}",
+                   basis="horizon allowance: 1 − corr ≈ ||p_⊥||²/(2η²k²) with ||p_⊥|| ≲ 3 at ηk = 100 gives < 5e-4; "
+                         "deterministic (no sampling)",
+                   passed=min(corrs) > threshold,
+                   details=[dict(p0_2=c, corr=x) for c, x in zip(SINGLE_INITS, corrs)],
+                   figure=_paths_figure(runs, [("p^mm(opt)", cf.single_input_svm(0), dict(color="red", ls="--"))],
+                                        "single input, global case: NGD paths (200 steps)"))
+
+
+@claim("attention_svm.single_input_local",
+       reference=f"{MM}: local convergence theorem, single-input figure (γ₂ = 0); docs §5",
+       statement="With the third token's score 0, token 1 is locally optimal; every NGD run converges to p^mm(opt) or "
+                 "to p^mm(α=1) and to nothing else, and both limits occur.",
+       quick=dict(steps=1000), full=dict(steps=4000))
+def single_input_local(seed, steps):
+    problem = AttentionSVMProblem.single_local()
+    local = cf.is_locally_optimal(problem, np.array([1]))
+    runs = _single_runs(problem, steps)
+    rows = [dict(p0_2=c, corr_opt=cf.corr(r.final["theta"], cf.single_input_svm(0)),
+                 corr_local=cf.corr(r.final["theta"], cf.single_input_svm(1))) for c, r in zip(SINGLE_INITS, runs)]
+    best = [max(r["corr_opt"], r["corr_local"]) for r in rows]
+    n_local = sum(r["corr_local"] > r["corr_opt"] for r in rows)
+    return Outcome(measured={"token 1 locally optimal": local, "min corr with the nearer SVM": min(best),
+                             "runs → p^mm(α=1)": n_local},
+                   predicted={"token 1 locally optimal": True, "corr": 1.0, "runs → p^mm(α=1)": "between 1 and 5"},
+                   tolerance="locally optimal, every run has corr > 0.999 with one of the two SVM directions, and "
+                             "both directions are reached",
+                   basis="horizon allowance as in single_input_global; deterministic",
+                   passed=local and min(best) > 0.999 and 0 < n_local < len(rows), details=rows,
+                   figure=_paths_figure(runs, [("p^mm(opt)", cf.single_input_svm(0), dict(color="red", ls="--")),
+                                               ("p^mm(α=1)", cf.single_input_svm(1), dict(color="blue", ls="--"))],
+                                        "single input, local case: NGD paths (200 steps)"))
+
+
+@claim("attention_svm.escape_not_locally_optimal",
+       reference=f"{MM}: local convergence theorem (converse: only locally optimal directions attract); docs §5",
+       statement="Started deep in the cone of p^mm(α=1) (p₀ = 5(1, ±0.05, 0)), NGD leaves it when token 1 is not "
+                 "locally optimal (scores 0.9/0.9) and ends at p^mm(opt); with γ₂ = 0 (locally optimal) it stays.",
+       quick=dict(steps=1000, radius=5.0), full=dict(steps=4000, radius=10.0))
+def escape_not_locally_optimal(seed, steps, radius):
+    rows = []
+    for problem in (AttentionSVMProblem.single_global(), AttentionSVMProblem.single_local()):
+        for eps in (0.05, -0.05):
+            run = dyn.train(problem, radius * np.array([1.0, eps, 0.0]), eta=ETA, steps=steps)
+            rows.append(dict(instance=problem.name, eps=eps,
+                             locally_optimal=cf.is_locally_optimal(problem, np.array([1])),
+                             corr_start=cf.corr(run.states["theta"][0], cf.single_input_svm(1)),
+                             corr_opt=cf.corr(run.final["theta"], cf.single_input_svm(0)),
+                             corr_alpha1=cf.corr(run.final["theta"], cf.single_input_svm(1))))
+    escaped = [r["corr_opt"] > 0.999 for r in rows if not r["locally_optimal"]]
+    stayed = [r["corr_alpha1"] > 0.999 for r in rows if r["locally_optimal"]]
+    return Outcome(measured={"escaped (not locally optimal)": f"{sum(escaped)}/{len(escaped)}",
+                             "stayed (locally optimal)": f"{sum(stayed)}/{len(stayed)}",
+                             "min start corr with p^mm(α=1)": min(r["corr_start"] for r in rows)},
+                   predicted={"escaped (not locally optimal)": f"{len(escaped)}/{len(escaped)}",
+                              "stayed (locally optimal)": f"{len(stayed)}/{len(stayed)}"},
+                   tolerance="final corr > 0.999 with p^mm(opt) (escape) resp. p^mm(α=1) (stay), in every run",
+                   basis="horizon allowance as in single_input_global; deterministic",
+                   passed=all(escaped) and all(stayed) and len(escaped) == 2 and len(stayed) == 2, details=rows)
+
+
+# ==================================================================================================
+# E2: the multi-input toy (prompt model)
+# ==================================================================================================
+
+
+@functools.lru_cache(maxsize=4)
+def _multi_runs(steps_min: int, steps_max: int):
+    problem = AttentionSVMProblem.multi_input()
+    sol = cf.frobenius_svm(problem)
+    nonsupport = sol.margins[~sol.active]
+    gap = float(nonsupport.min() - 1.0)
+    steps = int(min(steps_max, max(steps_min, 8 * np.linalg.norm(sol.theta) / (ETA * gap))))
+    record = np.unique(np.concatenate([dyn.record_steps(steps, 60), np.geomspace(steps / 2, steps, 9).round()]))
+    runs = [dyn.train(problem, np.array([c, 0.0, 0.0]), eta=ETA, record=record.astype(np.int64))
+            for c in SINGLE_INITS]
+    return problem, sol, gap, steps, runs
+
+
+@claim("attention_svm.multi_input_direction",
+       reference=f"{MM}: global convergence, multi-input figure; docs §7.3",
+       statement="On the multi-input toy NGD from the six paper initialisations converges in direction to p^mm(opt).",
+       quick=dict(steps_min=4000, steps_max=20000), full=dict(steps_min=8000, steps_max=40000))
+def multi_input_direction(seed, steps_min, steps_max):
+    problem, sol, gap, steps, runs = _multi_runs(steps_min, steps_max)
+    corrs = [cf.corr(r.final["theta"], sol.theta) for r in runs]
+    return Outcome(measured={"min corr": min(corrs), "steps": steps, "non-support gap": gap},
+                   predicted={"corr": 1.0},
+                   tolerance="min corr > 0.99999",
+                   basis="horizon allowance: steps ≥ 8||p^mm||/(η·gap) puts the run past its transient, where "
+                         "1 − corr ≈ ||p_⊥||²/(2η²k²) < 1e-5 for ||p_⊥|| < 1.7 at ηk ≥ 400",
+                   passed=min(corrs) > 0.99999,
+                   details=[dict(p0_1=c, corr=x) for c, x in zip(SINGLE_INITS, corrs)],
+                   figure=_paths_figure(runs, [("p^mm(opt)", sol.theta, dict(color="red", ls="--"))],
+                                        "multi-input toy: NGD paths (200 steps)"))
+
+
+@claim("attention_svm.ngd_rate",
+       reference=f"{MM}: NGD convergence; the rate is derived in docs §6.4",
+       statement="Past the transient, NGD's directional error falls like 1 − corr(p_k, p^mm) ∝ k^{−2}.",
+       quick=dict(steps_min=4000, steps_max=20000), full=dict(steps_min=8000, steps_max=40000))
+def ngd_rate(seed, steps_min, steps_max):
+    problem, sol, gap, steps, runs = _multi_runs(steps_min, steps_max)
+    times = runs[0].times
+    window = times >= steps / 2
+    y = np.array([_one_minus_corr(r.states["theta"][window], sol.theta) for r in runs]).T
+    fit = stats.fit_exponent(times[window], y, kind="loglog", seed=seeding.named(seed, "bootstrap"))
+    early = (times >= 250) & (times <= 1000)
+    y_early = np.array([_one_minus_corr(r.states["theta"][early], sol.theta) for r in runs]).T
+    early_fit = stats.fit_exponent(times[early], y_early, kind="loglog", seed=seeding.named(seed, "bootstrap-early"))
+    allowance = 0.2
+
+    def figure():
+        fig, ax = plots.figure()
+        all_y = np.array([_one_minus_corr(r.states["theta"][1:], sol.theta) for r in runs])
+        ax.plot(times[1:], np.median(all_y, axis=0), "o", ms=3, label="NGD, median over 6 inits")
+        k = times[window]
+        plots.theory_line(ax, k, np.median(y, axis=1)[-1] * (k / k[-1]) ** -2.0, label="theory k^-2")
+        plots.finish(ax, "multi-input toy: NGD directional error", "step k", "1 − corr(p_k, p^mm)", logx=True,
+                     logy=True)
+        return fig
+    return Outcome(measured={"slope on the last doubling": fit.estimate, "95% bootstrap": f"[{fit.low:.3f}, {fit.high:.3f}]",
+                             "slope on [250, 1000]": early_fit.estimate},
+                   predicted={"slope": -2.0},
+                   tolerance=f"the bootstrap interval widened by ±{allowance} contains −2",
+                   basis="bootstrap over the 6 initialisations (expanded percentile, 95%); ±0.2 allows the O(1/(ηk)) "
+                         "next-order term of docs §6.4 (pre-asymptotic slopes are shallower)",
+                   passed=fit.low - allowance <= -2.0 <= fit.high + allowance, figure=figure,
+                   notes="The early slope shows the transient: the asymptotic law holds only past ≈ ||p^mm||/(η·gap) "
+                         "steps.")
+
+
+@claim("attention_svm.ngd_norm_growth",
+       reference=f"{MM}: NGD; norm growth derived in docs §6.3",
+       statement="Normalised GD's norm grows linearly: ||p_k||/(ηk) → 1.",
+       quick=dict(steps_min=4000, steps_max=20000), full=dict(steps_min=8000, steps_max=40000))
+def ngd_norm_growth(seed, steps_min, steps_max):
+    problem, sol, gap, steps, runs = _multi_runs(steps_min, steps_max)
+    ratios = [r.last("norm") / (ETA * steps) for r in runs]
+    worst = max(abs(x - 1) for x in ratios)
+    return Outcome(measured={"min ||p_k||/(ηk)": min(ratios), "max ||p_k||/(ηk)": max(ratios)},
+                   predicted={"||p_k||/(ηk)": 1.0}, tolerance="within ±2%",
+                   basis="||p_k|| = ηk + O(1) (docs §6.3) with O(1) ≤ ||p_0|| + ||p_⊥|| ≲ 8 at ηk ≥ 400",
+                   passed=worst < 0.02, details=[dict(p0_1=c, ratio=x) for c, x in zip(SINGLE_INITS, ratios)])
+
+
+# ==================================================================================================
+# E2b: the two-token toy, direction vs offset, GD norm law
+# ==================================================================================================
+
+TWO_TOKEN_C = (1.0, 2.0, 5.0, 10.0, 100.0)
+
+
+@claim("attention_svm.two_token_direction_and_offset",
+       reference=f"{MM}: loss-comparison figure; offset derived in docs §6.2",
+       statement="On the two-token toy, NGD converges to the direction (1, 0, 0) for every C and loss (measured on "
+                 "the increment p_k − p_{k/2}), and its second coordinate to the finite offset p₂* = ½ log(C|ℓ'(C)|/|ℓ'(1)|); the general offset formula gives "
+                 "the same number.",
+       quick=dict(steps=3000), full=dict(steps=10000))
+def two_token_direction_and_offset(seed, steps):
+    rows = []
+    for loss in cf.LOSSES:
+        for C in TWO_TOKEN_C:
+            problem = AttentionSVMProblem.two_token(C, loss)
+            run = dyn.train(problem, np.zeros(3), eta=ETA, record=np.array([0, steps // 2, steps]))
+            p = run.final["theta"]
+            closed = cf.two_token_offset(C, loss)
+            # the direction of the path's asymptote: the last increment (the offset is constant by then)
+            increment = p - run.states["theta"][np.searchsorted(run.times, steps // 2)]
+            rows.append(dict(loss=loss, C=C, corr=cf.corr(increment, [1, 0, 0]), corr_iterate=cf.corr(p, [1, 0, 0]),
+                             p2=float(p[1]), p2_star=closed,
+                             general=float(cf.offset_prediction(problem)[1])))
+    error = max(abs(r["p2"] - r["p2_star"]) for r in rows)
+    formula = max(abs(r["general"] - r["p2_star"]) for r in rows)
+    corr = min(r["corr"] for r in rows)
+
+    def figure():
+        fig, ax = plots.figure()
+        for loss, marker, color in zip(cf.LOSSES, "osd", ("tab:blue", "tab:orange", "tab:green")):
+            sub = [r for r in rows if r["loss"] == loss]
+            ax.plot([r["C"] for r in sub], [r["p2"] for r in sub], marker, color=color, label=f"NGD, {loss}")
+            Cs = np.geomspace(1, 100, 100)
+            plots.theory_line(ax, Cs, [cf.two_token_offset(c, loss) for c in Cs], label=f"theory, {loss}",
+                              color=color)
+        plots.finish(ax, "two-token toy: offset p₂ at the end of NGD", "C", "p₂", logx=True)
+        return fig
+    return Outcome(measured={"min corr(p_k − p_{k/2}, (1,0,0))": corr, "max |p₂ − p₂*|": error,
+                             "min corr(p_k, (1,0,0))": min(r["corr_iterate"] for r in rows),
+                             "max |general − toy formula|": formula},
+                   predicted={"corr": 1.0, "|p₂ − p₂*|": 0.0},
+                   tolerance="corr > 0.9999, |p₂ − p₂*| < 1e-6, formulas agree to 1e-10",
+                   basis="both constraints are active and there are no non-support tokens, so the offset converges "
+                         "geometrically (docs §6.2); 1e-6 leaves room for the NGD step's O(η) oscillation. The iterate's "
+                         "own corr is lower where |p₂*| is large (exp loss, C = 100: p₂* ≈ −47) — that is the offset, "
+                         "1 − corr ≈ p₂*²/(2η²k²)",
+                   passed=corr > 0.9999 and error < 1e-6 and formula < 1e-10, details=rows, figure=figure)
+
+
+@claim("attention_svm.gd_log_norm_growth",
+       reference=f"{MM}: GD with constant step; the law is derived in docs §6.3",
+       statement="Plain GD grows like p₁(k) = ||p^mm|| log k − log((1 + e)/η) + o(1) on the two-token toy (C = 1, "
+                 "logistic): slope dp₁/dlog k → ||p^mm|| = 1.",
+       quick=dict(steps=30000, eta=1.0), full=dict(steps=100000, eta=1.0))
+def gd_log_norm_growth(seed, steps, eta):
+    problem = AttentionSVMProblem.two_token(1.0, "logistic")
+    record = np.unique(np.geomspace(steps / 3, steps, 12).round().astype(np.int64))
+    run = dyn.train(problem, np.zeros(3), eta=eta, normalise=False, record=np.concatenate([[0], record]))
+    k, p1 = run.times[1:], run.states["theta"][1:, 0]
+    fit = stats.fit_power_law(k, np.exp(p1))
+    intercept = float(p1[-1] - np.log(k[-1]))
+    predicted_intercept = -np.log((1 + np.e) / eta)
+    return Outcome(measured={"dp₁/dlog k": fit.slope, "p₁ − log k at the end": intercept},
+                   predicted={"dp₁/dlog k": 1.0, "p₁ − log k": predicted_intercept},
+                   tolerance="slope within ±1%; intercept within 0.01",
+                   basis="o(1) corrections of order ||p^mm||/(ηk·gap)·… ≲ 1e-3 at k ≥ 1e4 (docs §6.3); deterministic",
+                   passed=abs(fit.slope - 1) < 0.01 and abs(intercept - predicted_intercept) < 0.01,
+                   details=[dict(k=int(a), p1=float(b)) for a, b in zip(k, p1)])
+
+
+# ==================================================================================================
+# E3: random cross-attention instances, W against (K, Q)
+# ==================================================================================================
+
+
+@functools.lru_cache(maxsize=2)
+def _ensemble_cached(entropy, instances, n, T, d, w_steps, kq_steps):
+    root = seeding.named(np.random.SeedSequence(entropy), "attention_svm.ensemble")
+    checkpoints = sorted({w_steps // 8, w_steps // 4, w_steps // 2, w_steps, kq_steps // 2, kq_steps})
+    w_record = np.unique(np.concatenate([dyn.record_steps(w_steps, 50), checkpoints])).astype(np.int64)
+    kq_record = np.unique(np.concatenate([dyn.record_steps(kq_steps, 40), [kq_steps // 2, kq_steps]])).astype(np.int64)
+    out = []
+    for j in range(instances):
+        parts = seeding.spawn(seeding.child(root, j), 4)
+        problem = AttentionSVMProblem.random(n, T, d, seed=parts[0])
+        W0 = dyn.initial_theta(problem, seed=parts[1])
+        w = dyn.train(problem, W0, eta=ETA, record=w_record)
+        K0, Q0 = dyn.initial_theta(problem, seed=parts[2]), dyn.initial_theta(problem, seed=parts[3])
+        kq = dyn.train_kq(problem, K0, Q0, eta=ETA, record=kq_record)
+        entry = dict(problem=problem, w=w, kq=kq, W0=W0)
+        for name, run in (("w", w), ("kq", kq)):
+            final = run.states["theta"][-1]
+            entry[f"alpha_{name}"] = np.argmax(cf.logits(problem, final), axis=1)
+        at = int(np.searchsorted(w_record, kq_steps))
+        entry["alpha_w_at_kq"] = np.argmax(cf.logits(problem, w.states["theta"][at]), axis=1)
+        entry["fro_w"] = cf.frobenius_svm(problem, entry["alpha_w"])
+        entry["fro_kq"] = cf.frobenius_svm(problem, entry["alpha_kq"])
+        entry["nuc_w"] = cf.nuclear_svm(problem, entry["alpha_w"])
+        entry["nuc_kq"] = cf.nuclear_svm(problem, entry["alpha_kq"])
+        out.append(entry)
+    return out
+
+
+def ensemble(seed, instances, w_steps, kq_steps, n=6, T=8, d=10) -> list[dict]:
+    """The random-instance ensemble of §7.6: per instance the Problem, a W-NGD run (``w``), a (K,Q)-NGD run (``kq``),
+    the selected token choices and their Frobenius/nuclear SVMs. Drawn from the run's instance seed and computed
+    once per run (cached), so every E3 claim sees the same runs."""
+    entropy = seeding.instance(seed).entropy
+    return _ensemble_cached(entropy, instances, n, T, d, w_steps, kq_steps)
+
+
+ENSEMBLE_QUICK = dict(instances=20, w_steps=8000, kq_steps=2000)
+ENSEMBLE_FULL = dict(instances=100, w_steps=16000, kq_steps=4000)
+
+
+@claim("attention_svm.softmax_saturates",
+       reference=f"{SVM}: local-convergence figure (softmax probability); docs §7.6",
+       statement="On random instances (n = 6, T = 8, d = 10) both parameterisations drive the softmax to a single "
+                 "token in every input: max_i (1 − max_t s_it) → 0.",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def softmax_saturates(seed, instances, w_steps, kq_steps):
+    runs = ensemble(seed, instances, w_steps, kq_steps)
+    w = max(e["w"].last("unsat") for e in runs)
+    kq = max(e["kq"].last("unsat") for e in runs)
+
+    def figure():
+        fig, ax = plots.figure()
+        for name, color in (("w", "tab:blue"), ("kq", "tab:red")):
+            t = runs[0][name].times[1:]
+            med = np.median([e[name].metrics["unsat"][1:] for e in runs], axis=0)
+            ax.plot(t, med, color=color, label=f"{'W' if name == 'w' else '(K,Q)'}: median")
+        plots.finish(ax, "softmax saturation, random instances", "step k", "max_i (1 − max_t s_it)", logx=True,
+                     logy=True)
+        return fig
+    return Outcome(measured={"worst unsat, W (end)": w, "worst unsat, (K,Q) (end)": kq},
+                   predicted={"unsat": 0.0}, tolerance="< 1e-3 in every run",
+                   basis="horizon allowance: unsat ≈ e^{−ηk/||θ^mm||} for W (≈ e^{−100} at k = 8000); (K,Q) grows "
+                         "faster still; the papers' figure shows > 0.999 by k ≈ 500",
+                   passed=w < 1e-3 and kq < 1e-3, figure=figure)
+
+
+@claim("attention_svm.selected_tokens_locally_optimal",
+       reference=f"{SVM}: local convergence theorem; docs §4–§5",
+       statement="The token choice α that GD selects is locally optimal: for W in at least 95% of runs (Frobenius "
+                 "support), for (K,Q) in at least 90% of runs (nuclear support) at the papers' horizon.",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def selected_tokens_locally_optimal(seed, instances, w_steps, kq_steps):
+    runs = ensemble(seed, instances, w_steps, kq_steps)
+    w_ok = sum(cf.is_locally_optimal(e["problem"], e["alpha_w"], "fro") for e in runs)
+    kq_ok = sum(e["nuc_kq"].feasible and _locally_optimal_from(e["problem"], e["alpha_kq"], e["nuc_kq"]) for e in runs)
+    infeasible = sum(not e["fro_w"].feasible for e in runs)
+    is_opt = sum(np.array_equal(e["alpha_w"], e["problem"].opt) for e in runs)
+    unchanged = sum(np.array_equal(e["alpha_w"], e["alpha_w_at_kq"]) for e in runs)
+    n = len(runs)
+    w_high = clopper_pearson(w_ok, n)[1]
+    kq_high = clopper_pearson(kq_ok, n)[1]
+    return Outcome(measured={"W locally optimal": _fraction(w_ok, n), "(K,Q) locally optimal (nuclear)":
+                             _fraction(kq_ok, n), "W SVM infeasible": infeasible, "W: α = opt": _fraction(is_opt, n),
+                             f"W: α unchanged after k = {kq_steps}": _fraction(unchanged, n)},
+                   predicted={"W locally optimal": "≥ 95%", "(K,Q) locally optimal": "≥ 90%"},
+                   tolerance="the 95% Clopper–Pearson upper bound of the fraction ≥ 0.95 (W), ≥ 0.9 (K,Q)",
+                   basis="the theorem is about the limit; at a finite horizon a run can be in the middle of a late "
+                         "token switch (docs §6.6), and (K,Q) is short of convergence (§6.5), so the claim is the "
+                         "fraction at the horizon, tested exactly (binomial; false-FAIL ≤ 2.5% at the boundary)",
+                   passed=w_high >= 0.95 and kq_high >= 0.9)
+
+
+def _locally_optimal_from(problem, alpha, sol) -> bool:
+    gamma = problem.scores
+    return all(gamma[i, alpha[i]] > gamma[i, t] for (i, t), on in zip(sol.index, sol.active) if on)
+
+
+@claim("attention_svm.w_converges_to_frobenius_svm",
+       reference=f"{SVM}: local convergence theorem, local-convergence figure (W); docs §7.6",
+       statement="W-NGD converges in direction to the Frobenius SVM W^mm_α of its selected α: median 1 − corr < 5e-3 "
+                 "at k = 2000 and < 2e-4 at k = 8000, and ≥ 95% of runs end with corr > 0.99.",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def w_converges_to_frobenius_svm(seed, instances, w_steps, kq_steps):
+    runs = [e for e in ensemble(seed, instances, w_steps, kq_steps) if e["fro_w"].feasible]
+    times = runs[0]["w"].times
+    curves = np.array([_one_minus_corr(e["w"].states["theta"][1:], e["fro_w"].theta) for e in runs])
+    at = lambda k: float(np.median(curves[:, int(np.searchsorted(times[1:], k))]))  # noqa: E731
+    early, late = at(w_steps // 4), at(w_steps)
+    good = int(np.sum(curves[:, -1] < 0.01))
+    low, high = clopper_pearson(good, len(runs))
+
+    def figure():
+        fig, ax = plots.figure()
+        ax.plot(times[1:], np.median(curves, axis=0), "o", ms=3, label="W-NGD, median over instances")
+        ax.fill_between(times[1:], np.quantile(curves, 0.1, axis=0), np.quantile(curves, 0.9, axis=0), alpha=0.2,
+                        label="10–90% of instances")
+        k = times[1:][times[1:] >= w_steps // 4]
+        plots.theory_line(ax, k, late * (k / w_steps) ** -2.0, label="k^-2")
+        plots.finish(ax, "W-NGD → Frobenius SVM", "step k", "1 − corr(W_k, W^mm_α)", logx=True, logy=True)
+        return fig
+    return Outcome(measured={f"median 1 − corr at {w_steps // 4}": early, f"median 1 − corr at {w_steps}": late,
+                             "corr > 0.99 at the end": _fraction(good, len(runs))},
+                   predicted={f"at {w_steps // 4}": "< 5e-3", f"at {w_steps}": "< 2e-4", "fraction": "≥ 0.95"},
+                   tolerance="the two medians below the thresholds; the fraction's 95% CP upper bound ≥ 0.95",
+                   basis="thresholds ≈ 4× the offset law ||ρ*||²/(2η²k²) at the median ||ρ*|| ≈ 8 (docs §6.4); the "
+                         "fraction is tested exactly (binomial), leaving room for late token switches (docs §6.6)",
+                   passed=early < 5e-3 and late < 2e-4 and high >= 0.95, figure=figure)
+
+
+@claim("attention_svm.w_rate",
+       reference=f"{SVM}: W-NGD; the rate is derived in docs §6.4",
+       statement="The median directional error of W-NGD falls like k^{−2} on [k_end/4, k_end].",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def w_rate(seed, instances, w_steps, kq_steps):
+    runs = [e for e in ensemble(seed, instances, w_steps, kq_steps) if e["fro_w"].feasible]
+    times = runs[0]["w"].times
+    window = times >= w_steps // 4
+    y = np.array([_one_minus_corr(e["w"].states["theta"][window], e["fro_w"].theta) for e in runs]).T
+    fit = stats.fit_exponent(times[window], y, kind="loglog", quantile=0.5, seed=seeding.named(seed, "bootstrap"))
+    allowance = 0.3
+    return Outcome(measured={"slope of the median": fit.estimate, "95% bootstrap": f"[{fit.low:.3f}, {fit.high:.3f}]"},
+                   predicted={"slope": -2.0},
+                   tolerance=f"|slope + 2| < {allowance} (the O(1/(ηk)) next-order term and late switches)",
+                   basis="a bootstrap over instances gives the interval; the allowance covers the transient "
+                         "(docs §6.4; slopes of −1.92 to −2.0 at this horizon)",
+                   passed=abs(fit.estimate + 2) < allowance)
+
+
+@claim("attention_svm.offset_matches_prediction",
+       reference=f"{SVM}: W-NGD; the offset ρ* is derived in docs §6.2",
+       statement="The finite part of W_k converges to the closed-form offset ρ*: median ||ρ_k − ρ*||/||ρ*|| < 0.05 "
+                 "at the end, over the runs whose selected α admits ρ*.",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def offset_matches_prediction(seed, instances, w_steps, kq_steps):
+    runs = ensemble(seed, instances, w_steps, kq_steps)
+    rows, skipped = [], []
+    for j, e in enumerate(runs):
+        try:
+            rho_star = cf.offset_prediction(e["problem"], e["alpha_w"]).ravel()
+        except ValueError as error:
+            skipped.append(f"instance {j}: {error}")
+            continue
+        sol = e["fro_w"]
+        M = sol.rows[sol.active]
+        basis, _ = np.linalg.qr(M.T)
+        hat = sol.theta.ravel() / np.linalg.norm(sol.theta)
+        W = e["w"].states["theta"][-1].ravel()
+        rho = basis @ (basis.T @ W) - (W @ hat) * hat
+        rows.append(dict(instance=j, rho_star=float(np.linalg.norm(rho_star)),
+                         relative_error=float(np.linalg.norm(rho - rho_star) / np.linalg.norm(rho_star))))
+    errors = [r["relative_error"] for r in rows]
+    median = float(np.median(errors)) if errors else float("nan")
+    return Outcome(measured={"median relative error": median, "90% quantile": float(np.quantile(errors, 0.9)),
+                             "median ||ρ*||": float(np.median([r["rho_star"] for r in rows])),
+                             "instances without ρ*": len(skipped)},
+                   predicted={"relative error": 0.0},
+                   tolerance="median < 0.05",
+                   basis="the remainder decays as the non-support weights die out (docs §6.2); at this horizon the median "
+                         "is 4e-3 to 1e-2 on independent ensembles, so 0.05 allows a 5× slower transient",
+                   passed=len(rows) >= len(runs) // 2 and median < 0.05, details=rows,
+                   notes="; ".join(skipped))
+
+
+@claim("attention_svm.kq_converges_to_nuclear_svm",
+       reference=f"{SVM}: (K,Q) implicit bias (nuclear-norm SVM), local-convergence figure (K,Q); docs §6.5",
+       statement="(K,Q)-NGD converges in direction to the nuclear-norm SVM W*^mm_α: the median 1 − corr is < 2e-2 at "
+                 "the horizon and decreasing, and ≥ 85% of runs are within 5e-2.",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def kq_converges_to_nuclear_svm(seed, instances, w_steps, kq_steps):
+    runs = [e for e in ensemble(seed, instances, w_steps, kq_steps) if e["nuc_kq"].feasible]
+    times = runs[0]["kq"].times
+    curves = np.array([_one_minus_corr(e["kq"].states["theta"][1:], e["nuc_kq"].theta) for e in runs])
+    half = int(np.searchsorted(times[1:], kq_steps // 2))
+    median_half, median_end = float(np.median(curves[:, half])), float(np.median(curves[:, -1]))
+    good = int(np.sum(curves[:, -1] < 5e-2))
+    low, high = clopper_pearson(good, len(runs))
+
+    def figure():
+        fig, ax = plots.figure()
+        fro = np.array([_one_minus_corr(e["kq"].states["theta"][1:], e["fro_kq"].theta) for e in runs
+                        if e["fro_kq"].feasible])
+        ax.plot(times[1:], np.median(curves, axis=0), "o", ms=3, color="tab:red", label="vs nuclear SVM (median)")
+        ax.plot(times[1:], np.median(fro, axis=0), "s", ms=3, color="tab:blue", label="vs Frobenius SVM (median)")
+        plots.finish(ax, "(K,Q)-NGD: direction of K Q^T", "step k", "1 − corr", logx=True, logy=True)
+        return fig
+    return Outcome(measured={f"median 1 − corr at {kq_steps // 2}": median_half,
+                             f"median 1 − corr at {kq_steps}": median_end,
+                             "within 5e-2": _fraction(good, len(runs)), "max 1 − corr": float(curves[:, -1].max())},
+                   predicted={"median": "< 2e-2 and decreasing", "fraction": "≥ 0.85"},
+                   tolerance="median < 2e-2 and below its value at half the horizon; the fraction's 95% CP upper "
+                             "bound ≥ 0.85",
+                   basis="(K,Q) converges slowly (docs §6.5), so the claim is stated at the horizon; the fraction is "
+                         "tested exactly (binomial)",
+                   passed=median_end < 2e-2 and median_end < median_half and high >= 0.85, figure=figure)
+
+
+@claim("attention_svm.parameterisations_differ",
+       reference=f"{SVM}: W-SVM vs nuclear W-SVM (the implicit bias depends on the parameterisation); docs §3, §6.5",
+       statement="Every W-run ends closer to the Frobenius SVM than to the nuclear one, and at least 90% of (K,Q)-runs "
+                 "end closer to the nuclear SVM than to the Frobenius one at the papers' horizon.",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def parameterisations_differ(seed, instances, w_steps, kq_steps):
+    runs = ensemble(seed, instances, w_steps, kq_steps)
+    w_rows, kq_rows = [], []
+    for e in runs:
+        if e["fro_w"].feasible:
+            W = e["w"].states["theta"][-1]
+            w_rows.append((cf.corr(W, e["fro_w"].theta), cf.corr(W, e["nuc_w"].theta)))
+        if e["fro_kq"].feasible:
+            W = e["kq"].states["theta"][-1]
+            kq_rows.append((cf.corr(W, e["fro_kq"].theta), cf.corr(W, e["nuc_kq"].theta)))
+    w_ok = sum(f > n for f, n in w_rows)
+    kq_ok = sum(n > f for f, n in kq_rows)
+    kq_high = clopper_pearson(kq_ok, len(kq_rows))[1] if kq_rows else 0.0
+    return Outcome(measured={"W closer to Frobenius": f"{w_ok}/{len(w_rows)}",
+                             "(K,Q) closer to nuclear": _fraction(kq_ok, len(kq_rows)),
+                             "mean corr(W-run, nuclear)": float(np.mean([n for _, n in w_rows])),
+                             "mean corr(KQ-run, Frobenius)": float(np.mean([f for f, _ in kq_rows]))},
+                   predicted={"W closer to Frobenius": "all", "(K,Q) closer to nuclear": "≥ 90%"},
+                   tolerance="every W-run; for (K,Q) the 95% Clopper–Pearson upper bound of the fraction ≥ 0.9",
+                   basis="the two SVMs differ by far more than the W horizon error (mean cross-corr ≈ 0.85 against "
+                         "1 − corr ≲ 1e-2); a (K,Q) run can still be in transit at k = 2000, near neither SVM (docs "
+                         "§6.5), so its part is a fraction tested exactly (binomial)",
+                   passed=w_ok == len(w_rows) and kq_high >= 0.9 and len(w_rows) > 0)
+
+
+@claim("attention_svm.svm_solvers_certified",
+       reference=f"{SVM}: W-SVM and nuclear W-SVM; docs §3.1–§3.2",
+       statement="On the ensemble's instances the Frobenius SVM satisfies its KKT conditions to round-off and the "
+                 "nuclear SVM closes its duality gap; the nuclear solution is feasible and no larger in nuclear norm "
+                 "than the Frobenius one.",
+       quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
+def svm_solvers_certified(seed, instances, w_steps, kq_steps):
+    runs = ensemble(seed, instances, w_steps, kq_steps)
+    kkt, gaps, feas, order = [], [], [], []
+    for e in runs:
+        fro, nuc = e["fro_w"], e["nuc_w"]
+        if not fro.feasible:
+            continue
+        x = fro.theta.ravel()
+        slack = fro.margins - 1
+        kkt.append(max(np.abs(x - fro.rows.T @ fro.lam).max(), np.abs(fro.lam * slack).max(), -slack.min(),
+                       -fro.lam.min()))
+        gaps.append(nuc.gap)
+        feas.append(1 - nuc.margins.min())
+        order.append(nuc.value - float(np.linalg.svd(fro.theta, compute_uv=False).sum()))
+    return Outcome(measured={"max KKT residual (Frobenius)": max(kkt), "max relative duality gap (nuclear)":
+                             max(gaps), "max constraint violation (nuclear)": max(feas),
+                             "max (||W*||_* − ||W^mm||_*)": max(order)},
+                   predicted={"KKT": 0.0, "gap": 0.0},
+                   tolerance="KKT < 1e-9, gap ≤ 1e-8, violation ≤ 1e-9, ||W*||_* ≤ ||W^mm||_*(1 + 1e-8)",
+                   basis="round-off of NNLS; the PDHG stopping rule (certified gap 1e-8)",
+                   passed=max(kkt) < 1e-9 and max(gaps) <= 1e-8 and max(feas) <= 1e-9 and max(order) <= 1e-6)
+
+
+# ==================================================================================================
+# E4: joint (v, p) training
+# ==================================================================================================
+
+
+def _joint_run(problem, steps):
+    return dyn.train_joint(problem, np.array([0.0, -1.0]), np.array([-1.0, 0.0]), eta=ETA, steps=steps)
+
+
+@claim("attention_svm.joint_tight",
+       reference=f"{MM}: joint (v, p) training theorem, joint-training figure (tight); docs §4, §7.5",
+       statement="When every input is a support vector of the value SVM, joint NGD converges to (v^mm, p^mm).",
+       quick=dict(steps=1000), full=dict(steps=4000))
+def joint_tight(seed, steps):
+    problem = AttentionSVMProblem.joint_tight()
+    alpha = np.array([1, 1, 1])
+    run = _joint_run(problem, steps)
+    v_mm, p_mm = cf.value_svm(problem, alpha), cf.frobenius_svm(problem, alpha).theta
+    cv, cp = cf.corr(run.final["v"], v_mm), cf.corr(run.final["p"], p_mm)
+    return Outcome(measured={"corr(v, v^mm)": cv, "corr(p, p^mm)": cp, "p^mm": _vector(p_mm), "v^mm": _vector(v_mm)},
+                   predicted={"corr": 1.0, "p^mm": "(1.333333, 0.333333)", "v^mm": "(0, 1)"},
+                   tolerance="both corr > 0.999 and the SVMs equal their closed forms to 1e-12",
+                   basis="horizon allowance (ηk = 100); deterministic",
+                   passed=cv > 0.999 and cp > 0.999 and np.allclose(p_mm, [4 / 3, 1 / 3], atol=1e-12)
+                   and np.allclose(v_mm, [0, 1], atol=1e-12))
+
+
+@claim("attention_svm.joint_relaxed",
+       reference=f"{MM}: joint (v, p) training theorem (relaxed SVM), joint-training figure (relaxed); docs §4, §7.5",
+       statement="When input 3 is not a support vector of the value SVM, p converges to the relaxed SVM p^relax = "
+                 "(1, 0), not to p^mm = (5/4, 1/4).",
+       quick=dict(steps=1000), full=dict(steps=4000))
+def joint_relaxed(seed, steps):
+    problem = AttentionSVMProblem.joint_relaxed()
+    alpha = np.array([1, 1, 1])
+    run = _joint_run(problem, steps)
+    p_relax, p_mm = cf.relaxed_svm(problem, alpha).theta, cf.frobenius_svm(problem, alpha).theta
+    cr, cm = cf.corr(run.final["p"], p_relax), cf.corr(run.final["p"], p_mm)
+
+    def figure():
+        fig, ax = plots.figure()
+        ax.plot(run.states["theta"][:, 0], run.states["theta"][:, 1], "o-", ms=3, color="tab:red", label="p_k")
+        ax.plot(run.states["v"][:, 0], run.states["v"][:, 1], "o-", ms=3, color="tab:blue", label="v_k")
+        for label, target, color in (("p^relax", p_relax, "red"), ("p^mm", p_mm, "gray")):
+            u = target / np.linalg.norm(target)
+            ax.plot([0, 100 * u[0]], [0, 100 * u[1]], "--", color=color, label=label)
+        plots.finish(ax, "joint training, relaxed case", "coordinate 1", "coordinate 2")
+        return fig
+    return Outcome(measured={"corr(p, p^relax)": cr, "corr(p, p^mm)": cm, "p^relax": _vector(p_relax)},
+                   predicted={"corr(p, p^relax)": 1.0, "p^relax": "(1, 0)"},
+                   tolerance="corr(p, p^relax) > 0.999 and > corr(p, p^mm) + 0.01; p^relax = (1, 0) to 1e-12",
+                   basis="horizon allowance; the two directions differ by 1 − corr = 0.03, far above it",
+                   passed=cr > 0.999 and cr > cm + 0.01 and np.allclose(p_relax, [1, 0], atol=1e-12), figure=figure)
+
+
+# ==================================================================================================
+# E5: rank of the nuclear-norm SVM; T1: the regularisation path
+# ==================================================================================================
+
+
+@claim("attention_svm.nuclear_svm_rank",
+       reference=f"{SVM}: SVM-rank figure; docs §7.8",
+       statement="The nuclear-norm SVM has lower rank than the Frobenius SVM (n = T = 5): mean ranks equal or lower "
+                 "at every d ≥ 3 and strictly lower at the largest d; infeasible instances are counted.",
+       quick=dict(ds=(2, 3, 5, 10, 20), seeds=8, max_iterations=5000),
+       full=dict(ds=(1, 2, 3, 4, 5, 10, 15, 20), seeds=100, max_iterations=50000))
+def nuclear_svm_rank(seed, ds, seeds, max_iterations):
+    rows = []
+    for d in ds:
+        fro_r, nuc_r, infeasible, uncertified = [], [], 0, 0
+        for s in range(seeds):
+            problem = AttentionSVMProblem.random(5, 5, d, seed=seeding.child(seeding.named(seed, f"d={d}"), s))
+            fro = cf.frobenius_svm(problem)
+            if not fro.feasible:
+                infeasible += 1
+                continue
+            nuc = cf.nuclear_svm(problem, max_iterations=max_iterations)
+            if nuc.gap > 1e-6:
+                uncertified += 1
+                continue
+            fro_r.append(cf.rank(fro.theta))
+            nuc_r.append(cf.rank(nuc.theta))
+        rows.append(dict(d=d, infeasible=infeasible, uncertified=uncertified, feasible=len(fro_r),
+                         rank_fro=float(np.mean(fro_r)) if fro_r else float("nan"),
+                         rank_nuc=float(np.mean(nuc_r)) if nuc_r else float("nan"),
+                         per_instance_nuc_le_fro=int(sum(a <= b for a, b in zip(nuc_r, fro_r)))))
+    checked = [r for r in rows if r["d"] >= 3 and r["feasible"]]
+    ok = all(r["rank_nuc"] <= r["rank_fro"] for r in checked) and checked and \
+        checked[-1]["rank_nuc"] < checked[-1]["rank_fro"]
+
+    def figure():
+        fig, ax = plots.figure()
+        shown = [r for r in rows if r["feasible"]]
+        ax.plot([r["d"] for r in shown], [r["rank_fro"] for r in shown], "o-", label="Frobenius SVM")
+        ax.plot([r["d"] for r in shown], [r["rank_nuc"] for r in shown], "s-", label="nuclear SVM")
+        plots.finish(ax, "rank of the SVM solution (n = T = 5)", "d", "mean rank")
+        return fig
+    return Outcome(measured={f"d={r['d']}": f"{r['rank_fro']:.1f}/{r['rank_nuc']:.1f} "
+                             f"(infeasible {r['infeasible']}, uncertified {r['uncertified']} of {seeds})" for r in rows},
+                   predicted={"rank": "nuclear ≤ Frobenius, strictly at the largest d"},
+                   tolerance="mean ranks ordered at every d ≥ 3 with a feasible instance; strict at the largest d",
+                   basis="ranks are exact integers from certified solutions (gap 1e-8, SVT zeros); a comparison of "
+                         "means over the same instances",
+                   passed=bool(ok), details=rows, figure=figure,
+                   notes="Cells read 'Frobenius/nuclear mean rank'; infeasible instances, and instances whose nuclear duality "
+                         "gap stays above 1e-6 within the iteration cap (near-infeasible, ||W|| ≫ 1), are counted, "
+                         "not used.")
+
+
+@claim("attention_svm.regularisation_path",
+       reference=f"{MM}; {SVM}: regularisation-path theorem; docs §5",
+       statement="The regularisation path θ_R = argmin_{||θ|| ≤ R} L converges in direction to θ^mm: 1 − corr falls "
+                 "faster than 1/R between R_max/4 and R_max (multi-input toy and one random W instance).",
+       quick=dict(R_max_p=128.0, R_max_w=32.0, points=6), full=dict(R_max_p=512.0, R_max_w=128.0, points=8))
+def regularisation_path(seed, R_max_p, R_max_w, points):
+    toy = dyn.population(AttentionSVMProblem.multi_input(), R_max=R_max_p, points=points)
+    instance = AttentionSVMProblem.random(6, 8, 10, seed=seeding.named(seeding.instance(seed), "regularisation"))
+    w = dyn.population(instance, R_max=R_max_w, points=points)
+    rows = []
+    for name, run in (("multi_input p", toy), ("random W", w)):
+        y = run.metrics["one_minus_corr"]
+        # local exponents of 1 − corr against R over the last two doublings, and their mean (the tested one: a
+        # single radius where the path moves between nearby local minimisers makes one doubling flat, the next steep)
+        slopes = np.diff(np.log(np.maximum(y[-3:], 1e-300))) / np.diff(np.log(run.times[-3:]))
+        rows.append(dict(instance=name, R=run.times.tolist(), one_minus_corr=y.tolist(),
+                         slopes=slopes.tolist(), exponent=float(slopes.mean()), ok=bool(slopes.mean() < -1.0)))
+    def figure():
+        fig, ax = plots.figure()
+        for row, marker in zip(rows, "os"):
+            ax.plot(row["R"], np.maximum(row["one_minus_corr"], 1e-16), marker + "-", label=row["instance"])
+        plots.finish(ax, "regularisation path", "R", "1 − corr(θ_R, θ^mm)", logx=True, logy=True)
+        return fig
+    measured = {f"{r['instance']}: 1 − corr at R_max": r["one_minus_corr"][-1] for r in rows}
+    measured.update({f"{r['instance']}: exponent over R_max/4…R_max": r["exponent"] for r in rows})
+    measured.update({f"{r['instance']}: per doubling": ", ".join(f"{x:.2f}" for x in r["slopes"]) for r in rows})
+    return Outcome(measured=measured, predicted={"1 − corr": "→ 0, asymptotically like R^-2"},
+                   tolerance="1 − corr falls faster than R^-1 from R_max/4 to R_max (mean exponent < −1)",
+                   basis="a bounded perpendicular part gives 1 − corr ∝ R^-2 asymptotically (docs §5.1); an exponent "
+                         "below −1 allows the transient (measured −1.5 at R = 16–32 on random W instances) while "
+                         "refusing stagnation at a wrong direction (exponent 0)",
+                   passed=all(r["ok"] for r in rows), details=rows, figure=figure)
+
+
+# ==================================================================================================
+# The System record
+# ==================================================================================================
+
+
+def summary(problem: AttentionSVMProblem, *, seed) -> dict:
+    """The SVM of the optimal tokens (``attnflow solve attention_svm``); ``seed`` is unused (no Monte Carlo)."""
+    out = {"instance": problem.name, "model": problem.model, "n, T, d": f"{problem.n}, {problem.T}, {problem.d}",
+           "opt": ", ".join(str(t) for t in problem.opt)}
+    sol = cf.frobenius_svm(problem)
+    out["Frobenius SVM feasible"] = sol.feasible
+    if not sol.feasible:
+        return out
+    support = cf.support_tokens(problem)
+    out.update({"||θ^mm||": sol.value, "support tokens": "; ".join(f"input {i}: {ts}" for i, ts in enumerate(support)),
+                "locally optimal": cf.is_locally_optimal(problem)})
+    if problem.model == "prompt":
+        out["p^mm"] = _vector(sol.theta)
+    else:
+        nuc = cf.nuclear_svm(problem)
+        out.update({"rank W^mm": cf.rank(sol.theta), "rank W*^mm (nuclear)": cf.rank(nuc.theta),
+                    "||W*^mm||_*": nuc.value, "nuclear duality gap": nuc.gap,
+                    "corr(W^mm, W*^mm)": cf.corr(sol.theta, nuc.theta)})
+    try:
+        out["||ρ*||"] = float(np.linalg.norm(cf.offset_prediction(problem)))
+    except ValueError as error:
+        out["ρ*"] = str(error)
+    return out
+
+
+SYSTEM = System(
+    key="attention_svm",
+    title="Attention as a max-margin token selector: (normalised) GD, (K,Q) and joint training vs the attention SVMs",
+    reference=PAPER,
+    problem=AttentionSVMProblem,
+    population=dyn.population,
+    minibatch=dyn.minibatch,
+    population_options=(
+        Parameter("R_max", "real", 64.0, "largest radius of the regularisation path", minimum=0.0, strict=True,
+                  maximum=1e4),
+        Parameter("points", "integer", 7, "radii R_max·2^-j, j < points", minimum=1, maximum=60),
+    ),
+    minibatch_options=(
+        Parameter("algorithm", "choice", "ngd", "ngd, gd, kq (per-factor), kq_joint, joint (v, p)",
+                  choices=dyn.ALGORITHMS),
+        Parameter("eta", "real", ETA, "step size η", minimum=0.0, strict=True, maximum=1e3),
+        Parameter("steps", "integer", 2000, "training steps", minimum=1, maximum=dyn.MAX_STEPS),
+        Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, maximum=1e3),
+        Parameter("records", "integer", 60, "log-spaced records", minimum=2, maximum=dyn.MAX_RECORDS),
+    ),
+    summary=summary,
+    summary_options=(),
+    docs="docs/attention_svm.md",
+    population_time="radius R of the regularisation path",
+    minibatch_time="training step k",
+)
