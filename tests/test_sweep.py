@@ -203,3 +203,15 @@ def test_scaling_claim_fails_for_a_biased_gradient(monkeypatch):
 
     monkeypatch.setattr(cf, "risk_gradient", biased)
     assert run_claim(select(["gd_beta.minibatch_gradient_scaling"])[0], seed=0).status == "FAIL"
+
+
+def test_clopper_pearson_interval_at_the_edges_has_its_closed_form():
+    """With k = 0 (or k = n) the exact interval's far end solves (1 − p)^n = α/2 (or p^n = α/2)."""
+    from attnflow.validation.stats import clopper_pearson
+
+    low, high = clopper_pearson(0, 10)
+    assert low == 0.0 and high == pytest.approx(1 - 0.025 ** (1 / 10), rel=1e-12)
+    low, high = clopper_pearson(10, 10)
+    assert high == 1.0 and low == pytest.approx(0.025 ** (1 / 10), rel=1e-12)
+    with pytest.raises(ValueError):
+        clopper_pearson(3, 2)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from attnflow import seeding
 from attnflow.closed_forms import attention_svm as cf
@@ -33,16 +32,8 @@ LEVEL = 0.95  # Clopper–Pearson level of every reported fraction
 FINDINGS: dict = {}
 
 
-def clopper_pearson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
-    """Exact two-sided binomial interval for k successes in n trials."""
-    alpha = 1 - level
-    low = 0.0 if k == 0 else float(scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
-    high = 1.0 if k == n else float(scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
-    return low, high
-
-
 def _fraction(k: int, n: int) -> str:
-    low, high = clopper_pearson(k, n)
+    low, high = stats.clopper_pearson(k, n, LEVEL)
     return f"{k}/{n} (95% CP [{low:.2f}, {high:.2f}])"
 
 
@@ -416,8 +407,8 @@ def selected_tokens_locally_optimal(seed, instances, w_steps, kq_steps):
     is_opt = sum(np.array_equal(e["alpha_w"], e["problem"].opt) for e in runs)
     unchanged = sum(np.array_equal(e["alpha_w"], e["alpha_w_at_kq"]) for e in runs)
     n = len(runs)
-    w_high = clopper_pearson(w_ok, n)[1]
-    kq_high = clopper_pearson(kq_ok, n)[1]
+    w_high = stats.clopper_pearson(w_ok, n, LEVEL)[1]
+    kq_high = stats.clopper_pearson(kq_ok, n, LEVEL)[1]
     return Outcome(measured={"W locally optimal": _fraction(w_ok, n), "(K,Q) locally optimal (nuclear)":
                              _fraction(kq_ok, n), "W SVM infeasible": infeasible, "W: α = opt": _fraction(is_opt, n),
                              f"W: α unchanged after k = {kq_steps}": _fraction(unchanged, n)},
@@ -446,7 +437,7 @@ def w_converges_to_frobenius_svm(seed, instances, w_steps, kq_steps):
     at = lambda k: float(np.median(curves[:, int(np.searchsorted(times[1:], k))]))  # noqa: E731
     early, late = at(w_steps // 4), at(w_steps)
     good = int(np.sum(curves[:, -1] < 0.01))
-    low, high = clopper_pearson(good, len(runs))
+    low, high = stats.clopper_pearson(good, len(runs), LEVEL)
 
     def figure():
         fig, ax = plots.figure()
@@ -532,7 +523,7 @@ def kq_converges_to_nuclear_svm(seed, instances, w_steps, kq_steps):
     half = int(np.searchsorted(times[1:], kq_steps // 2))
     median_half, median_end = float(np.median(curves[:, half])), float(np.median(curves[:, -1]))
     good = int(np.sum(curves[:, -1] < 5e-2))
-    low, high = clopper_pearson(good, len(runs))
+    low, high = stats.clopper_pearson(good, len(runs), LEVEL)
 
     def figure():
         fig, ax = plots.figure()
@@ -570,7 +561,7 @@ def parameterisations_differ(seed, instances, w_steps, kq_steps):
             kq_rows.append((cf.corr(W, e["fro_kq"].theta), cf.corr(W, e["nuc_kq"].theta)))
     w_ok = sum(f > n for f, n in w_rows)
     kq_ok = sum(n > f for f, n in kq_rows)
-    kq_high = clopper_pearson(kq_ok, len(kq_rows))[1] if kq_rows else 0.0
+    kq_high = stats.clopper_pearson(kq_ok, len(kq_rows), LEVEL)[1] if kq_rows else 0.0
     return Outcome(measured={"W closer to Frobenius": f"{w_ok}/{len(w_rows)}",
                              "(K,Q) closer to nuclear": _fraction(kq_ok, len(kq_rows)),
                              "mean corr(W-run, nuclear)": float(np.mean([n for _, n in w_rows])),

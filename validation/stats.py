@@ -13,8 +13,8 @@ from scipy import stats as _scipy_stats
 
 from attnflow import seeding
 
-__all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "RateFit", "fit_exponential_rate",
-           "fit_power_law"]
+__all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "clopper_pearson", "RateFit",
+           "fit_exponential_rate", "fit_power_law"]
 
 Z_TOLERANCE = 4.0
 
@@ -32,6 +32,16 @@ def z_basis(k: float = Z_TOLERANCE, what: str = "Monte-Carlo standard errors") -
 def ratio_standard_error(numerator: float, denominator: float, se_denominator: float) -> float:
     """Delta-method SE of numerator/denominator when only the denominator is random."""
     return abs(numerator) * se_denominator / denominator**2
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact two-sided binomial (Clopper–Pearson) interval for ``k`` successes in ``n`` trials at ``level``."""
+    if not (0 <= k <= n) or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k = {k}, n = {n}")
+    alpha = 1 - level
+    low = 0.0 if k == 0 else float(_scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(_scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return low, high
 
 
 @dataclass(frozen=True)
