@@ -31,11 +31,16 @@ __all__ = ["random_embeddings", "tied_head", "attention_logits", "attention_outp
 MAX_DRAWS = 50_000_000
 
 
-def random_embeddings(K: int, d: int, *, seed) -> np.ndarray:
-    """E ∈ R^{K×d} with i.i.d. N(0, 1/d) entries (full row rank almost surely for d >= K)."""
+def random_embeddings(K: int, d: int, *, seed, orthonormal: bool = False) -> np.ndarray:
+    """E ∈ R^{K×d} with i.i.d. N(0, 1/d) entries (full row rank almost surely for d >= K), or with ``orthonormal``
+    K orthonormal rows of a Haar-random rotation (EEᵀ = I)."""
     K = check.integer(K, "K", minimum=2)
     d = check.integer(d, "d", minimum=K)
-    return np.random.default_rng(seeding.as_seed_sequence(seed)).standard_normal((K, d)) / math.sqrt(d)
+    gaussian = np.random.default_rng(seeding.as_seed_sequence(seed)).standard_normal((K, d)) / math.sqrt(d)
+    if not orthonormal:
+        return gaussian
+    q, r = np.linalg.qr(gaussian.T)
+    return np.ascontiguousarray((q * np.sign(np.diag(r))).T)
 
 
 def tied_head(E) -> np.ndarray:
@@ -394,8 +399,9 @@ def _adam_loop(E, W, P, L, steps, batch, lr, beta1, beta2, eps, average_from, ex
 
 def adam_raw(problem: CCMCProblem, *, seed, d: int = 6, steps: int = 3000, batch: int = 512, lr: float = 0.02,
              average_from: float = 0.5, n_records: int = 30) -> Trajectory:
-    """Adam on the raw key–query matrix W (d × d, from 0) with fresh i.i.d. prompts each step and labels from
-    the teacher P (§5.7); Polyak averaging of W over the steps after ``average_from`` × steps.
+    """Adam on the raw key–query matrix W (d × d, from 0; orthonormal random embeddings E, tied head) with fresh
+    i.i.d. prompts each step and labels from the teacher P (§5.7); Polyak averaging of W over the steps after
+    ``average_from`` × steps.
 
     Returns a Trajectory of the minibatch NLL; ``final`` holds W, the averaged W̄, E and the learned chain
     P̂ = rowsoftmax(Θ(W̄)). Raises DivergenceError naming the step if the loss or gradient stops being finite."""
@@ -409,7 +415,9 @@ def adam_raw(problem: CCMCProblem, *, seed, d: int = 6, steps: int = 3000, batch
     n_records = min(check.integer(n_records, "n_records", minimum=1), steps)
     record_every = max(1, steps // n_records)
     embedding_seed, run_seed = seeding.spawn(seed, 2)
-    E = random_embeddings(problem.K, d, seed=embedding_seed)
+    # Orthonormal embeddings: by (5.2) gradient steps on W are steps on Θ in the metric (EEᵀ)⊗(EEᵀ), so a random
+    # Gaussian E with a small singular value (common at d close to K) leaves some logits almost untrained.
+    E = random_embeddings(problem.K, d, seed=embedding_seed, orthonormal=True)
     W, average, losses, failed = _adam_loop(E, np.zeros((d, d)), np.ascontiguousarray(problem.P), problem.L, steps,
                                             batch, lr, 0.9, 0.999, 1e-8, int(average_from * steps),
                                             problem.query == "exclude", record_every, seeding.kernel_seed(run_seed))

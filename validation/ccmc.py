@@ -755,13 +755,14 @@ def invasion_exponent(seed, steps, runs):
 
 def summary(problem: CCMCProblem, *, seed) -> dict:
     """Closed-form numbers at a problem: the asymptotic MLE constants (exact Fisher over all K^L prompts when there
-    are at most 10⁵ of them, else Monte Carlo over 20000 prompts), the Fisher rank, and the invasion rates at the
+    are at most 10⁵ of them, else Monte Carlo over up to 20000 prompts), the Fisher rank, and the invasion rates at the
     shares of X0."""
     K, L = problem.K, problem.L
     if K ** L <= 100_000:
         prompts, how = cf.all_prompts(K, L), "exact"
     else:
-        prompts, how = np.random.default_rng(seeding.as_seed_sequence(seed)).integers(0, K, size=(20000, L)), "MC"
+        n_prompts = max(1000, min(20000, 2_000_000 // L))  # bounded memory for long prompts
+        prompts, how = np.random.default_rng(seeding.as_seed_sequence(seed)).integers(0, K, size=(n_prompts, L)), "MC"
     F = cf.fisher_information(problem.P, prompts, problem.query)
     constants = cf.asymptotic_constants(problem.P, F)
     f0 = problem.initial_counts / len(problem.X0)
