@@ -22,8 +22,10 @@ def test_select_systems_claims_and_aliases():
 
 
 def test_every_claim_states_its_reference_and_has_both_settings():
+    """Both settings name the same knobs; a deterministic check on a fixed toy may have none (nothing to scale)."""
     for c in systems.registry().values():
-        assert c.reference and c.statement and c.quick and c.full
+        assert c.reference and c.statement, c.name
+        assert isinstance(c.quick, dict) and isinstance(c.full, dict), c.name
         assert set(c.quick) == set(c.full), c.name
 
 
