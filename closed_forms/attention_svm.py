@@ -28,7 +28,8 @@ from attnflow.closed_forms.parameters import Parameter, parse_parameters
 __all__ = ["AttentionSVMProblem", "LOSSES", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
            "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "logits",
-           "corr", "two_token_offset", "single_input_svm", "rank"]
+           "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
+           "selection_svm", "selection_offset"]
 
 LOSSES = ("logistic", "linear", "exp")
 INSTANCES = ("random", "single_global", "single_local", "multi_input", "two_token", "joint_tight", "joint_relaxed")
@@ -502,6 +503,79 @@ def relaxed_svm(problem: AttentionSVMProblem, alpha=None) -> SVMSolution:
     M, index = constraint_rows(problem, alpha)
     h = np.where(support[index[:, 0]], 1.0, 0.0)
     return frobenius_svm(problem, alpha, h=h)
+
+
+# ==================================================================================================
+# Several selected tokens per input: the SVM-equivalence targets (§7.7)
+# ==================================================================================================
+
+
+def _selected(problem: AttentionSVMProblem, selected) -> list[np.ndarray]:
+    if len(selected) != problem.n:
+        raise ValueError(f"selected must hold one token set per input ({problem.n}), got {len(selected)}")
+    out = []
+    for O in selected:
+        O = np.unique(np.asarray(O, dtype=np.int64))
+        if O.size == 0 or O[0] < 0 or O[-1] >= problem.T:
+            raise ValueError(f"selected: every set must be a non-empty subset of tokens 0..{problem.T - 1}")
+        out.append(O)
+    return out
+
+
+def selection_rows(problem: AttentionSVMProblem, selected) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the selection constraints (§7.7): equalities A_j = Φ_it − Φ_{i,t₀} (t ∈ O_i, t₀ = min O_i, t ≠ t₀)
+    and margins G_j = Φ_it − Φ_iτ (t ∈ O_i, τ ∉ O_i). Returns (A (k, P), G (m, P))."""
+    phi = problem.features
+    eq, ineq = [], []
+    for i, O in enumerate(_selected(problem, selected)):
+        eq.extend(phi[i, t] - phi[i, O[0]] for t in O[1:])
+        ineq.extend(phi[i, t] - phi[i, tau] for t in O for tau in range(problem.T) if tau not in O)
+    P = problem.P
+    return np.array(eq).reshape(-1, P), np.array(ineq).reshape(-1, P)
+
+
+@dataclass(frozen=True)
+class SelectionSVM:
+    """W^dir of §7.7: ``theta`` (None when infeasible) with θ = G^T λ + A^T μ, λ ≥ 0."""
+
+    feasible: bool
+    theta: np.ndarray | None
+    lam: np.ndarray | None
+    mu: np.ndarray | None
+    equalities: np.ndarray
+    margins_rows: np.ndarray
+
+
+def selection_svm(problem: AttentionSVMProblem, selected) -> SelectionSVM:
+    """W^dir = argmin ||θ|| s.t. <A_j, θ> = 0 and <G_j, θ> ≥ 1 (§7.7): θ = N y on an orthonormal basis N of the
+    null space of A, and y the least-distance program min ||y|| s.t. (G N) y ≥ 1 (one NNLS, :func:`ldp`)."""
+    A, G = selection_rows(problem, selected)
+    if len(G) == 0:
+        raise ValueError("selected: every token is selected in every input, there is no margin constraint")
+    P = problem.P
+    if len(A):
+        _, sv, Vt = np.linalg.svd(A)
+        r = int(np.sum(sv > 1e-12 * max(1.0, sv.max())))
+        N = Vt[r:].T
+    else:
+        N = np.eye(P)
+    feasible, y, lam = (ldp(G @ N, np.ones(len(G))) if N.shape[1] else (False, None, None))
+    if not feasible:
+        return SelectionSVM(False, None, None, None, A, G)
+    theta = N @ y
+    mu = np.linalg.lstsq(A.T, theta - G.T @ lam, rcond=None)[0] if len(A) else np.zeros(0)
+    return SelectionSVM(True, theta.reshape(problem.theta_shape()), lam, mu, A, G)
+
+
+def selection_offset(problem: AttentionSVMProblem, log_s, selected) -> np.ndarray:
+    """W^fin = argmin ||θ|| s.t. <Φ_iτ − Φ_it, θ> = log(s_iτ/s_it) for t, τ ∈ O_i (§7.7): the minimum-norm solution
+    of the equalities against t = min O_i (the others follow by differences), from the log-softmax ``log_s``."""
+    log_s = check.finite_array(log_s, "log_s", shape=(problem.n, problem.T))
+    A, _ = selection_rows(problem, selected)
+    b = np.concatenate([log_s[i, O[1:]] - log_s[i, O[0]] for i, O in enumerate(_selected(problem, selected))])
+    if len(A) == 0:
+        return np.zeros(problem.theta_shape())
+    return np.linalg.lstsq(A, b, rcond=None)[0].reshape(problem.theta_shape())
 
 
 def corr(A, B) -> float:

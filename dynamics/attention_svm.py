@@ -8,6 +8,7 @@ epoch. Every kernel uses the log-scaled gradient of :func:`attnflow.closed_forms
 * :func:`train` — GD (``gd``) or normalised GD (``ngd``) on θ = p or vec(W) (§2.4);
 * :func:`train_kq` — (K, Q) with W = K Q^T, each factor's gradient normalised (``kq``) or both jointly
   (``kq_joint``);
+* :func:`train_relu_head` — normalised GD on W with the nonlinear head ``1^T ReLU(V^T X^T s)`` (§7.7);
 * :func:`train_joint` — joint (v, p) training of the prompt model, each gradient normalised;
 * :func:`regularisation_path` — θ_R = argmin_{||θ|| ≤ R} L(θ) (Theorem T1 of §5), the theory side.
 """
@@ -25,7 +26,7 @@ from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_
 from .errors import DivergenceError
 from .montecarlo import Trajectory
 
-__all__ = ["ALGORITHMS", "record_steps", "train", "train_kq", "train_joint", "initial_theta", "regularisation_path",
+__all__ = ["ALGORITHMS", "record_steps", "train", "train_kq", "train_joint", "train_relu_head", "initial_theta", "regularisation_path",
            "population", "minibatch", "MAX_STEPS"]
 
 ALGORITHMS = ("ngd", "gd", "kq", "kq_joint", "joint")
@@ -145,6 +146,63 @@ def _kq_kernel(X, Z, a, Y, loss_code, K0, Q0, eta, steps, joint, record):
         if not (np.all(np.isfinite(K)) and np.all(np.isfinite(Q))):
             return Ws, knorm, qnorm, unsats, losses, 1, k + 1
     return Ws, knorm, qnorm, unsats, losses, 0, steps
+
+
+@njit(cache=True)
+def _relu_head_kernel(X, Z, V, Y, loss_code, W0, eta, steps, record):
+    # f_i = Σ_j ReLU(h_ij), h_i = V^T X_i^T s_i: df_i/ds_it = a_it = x_it^T V 1[h_i > 0], so the logit gradient is
+    # that of a linear head with token values a (the ReLU's kink is taken as 0), in log scale (§2.3)
+    n, T, d = X.shape
+    m = V.shape[1]
+    R = record.size
+    Ws = np.empty((R, d, d))
+    unsats = np.empty(R)
+    losses = np.empty(R)
+    XV = np.empty((n, T, m))
+    for i in range(n):
+        for t in range(T):
+            XV[i, t] = X[i, t] @ V
+    W = W0.copy()
+    logit = np.empty((n, T))
+    a = np.empty((n, T))
+    r = 0
+    for k in range(steps + 1):
+        for i in range(n):
+            Wz = W @ Z[i]
+            for t in range(T):
+                logit[i, t] = np.sum(X[i, t] * Wz)
+            e = np.exp(logit[i] - logit[i].max())
+            s = e / e.sum()
+            h = np.zeros(m)
+            for t in range(T):
+                h += s[t] * XV[i, t]
+            for t in range(T):
+                acc = 0.0
+                for j in range(m):
+                    if h[j] > 0.0:
+                        acc += XV[i, t, j]
+                a[i, t] = acc
+        D, c, loss, _, unsat = log_scaled_logit_gradient(logit, a, Y, loss_code)
+        if r < R and record[r] == k:
+            Ws[r] = W
+            unsats[r] = unsat
+            losses[r] = loss
+            r += 1
+        if k == steps:
+            break
+        G = np.zeros((d, d))
+        for i in range(n):
+            xd = X[i].T @ D[i]
+            for p in range(d):
+                for q in range(d):
+                    G[p, q] += xd[p] * Z[i, q]
+        gn = np.sqrt(np.sum(G * G))
+        if gn == 0.0:
+            return Ws, unsats, losses, 2, k
+        W = W - eta * G / gn
+        if not np.all(np.isfinite(W)):
+            return Ws, unsats, losses, 1, k + 1
+    return Ws, unsats, losses, 0, steps
 
 
 @njit(cache=True)
@@ -274,6 +332,29 @@ def train_kq(problem: AttentionSVMProblem, K0, Q0, *, eta: float = 0.1, steps: i
                       metrics={"norm": np.linalg.norm(Ws[kept], axis=(1, 2)), "K_norm": kn[kept],
                                "Q_norm": qn[kept], "unsat": unsat[kept], "loss": loss[kept]},
                       info=dict(info, algorithm="kq_joint" if joint else "kq", eta=eta), final={"W": Ws[kept][-1]})
+
+
+def train_relu_head(problem: AttentionSVMProblem, V, W0, *, eta: float = 0.1, steps: int = 2000, records: int = 60,
+                    record=None) -> Trajectory:
+    """Normalised GD on W for the nonlinear head f_i = 1^T ReLU(V^T X_i^T s_i), s_i = S(X_i W z_i) (§7.7); the loss is
+    the problem's. V : (d, m). Records W_k, ``norm``, ``unsat`` and ``loss``; stops early (``stationary``) at a zero
+    gradient."""
+    if problem.Z is None:
+        raise ValueError("problem: the nonlinear head needs the cross-attention model (Z given)")
+    steps, eta, record = _steps_eta(steps, eta, records, record)
+    V = check.finite_array(V, "V", ndim=2)
+    if V.shape[0] != problem.d:
+        raise ValueError(f"V must have {problem.d} rows, got shape {V.shape}")
+    W0 = check.finite_array(W0, "W0", shape=problem.theta_shape())
+    Ws, unsat, loss, status, step = _relu_head_kernel(
+        problem.X, problem.Z, np.ascontiguousarray(V), problem.Y, cf.LOSS_CODE[problem.loss], W0.copy(), eta, steps,
+        record)
+    info = _check_status(status, step, "normalised GD (nonlinear head)")
+    kept = record <= info["stopped_at"] if info["stationary"] else np.ones(record.size, bool)
+    return Trajectory(times=record[kept].astype(float), states={"theta": Ws[kept]},
+                      metrics={"norm": np.linalg.norm(Ws[kept], axis=(1, 2)), "unsat": unsat[kept],
+                               "loss": loss[kept]},
+                      info=dict(info, algorithm="ngd_relu_head", eta=eta), final={"W": Ws[kept][-1]})
 
 
 def train_joint(problem: AttentionSVMProblem, p0, v0, *, eta: float = 0.1, steps: int = 1000, records: int = 60,

@@ -274,3 +274,64 @@ def test_claim_seeds_give_other_ensembles():
     a = claims.ensemble(seeding.named(0, "x"), 2, 200, 100)
     b = claims.ensemble(seeding.named(1, "x"), 2, 200, 100)
     assert not np.array_equal(a[0]["problem"].X, b[0]["problem"].X)
+
+
+def test_selection_svm_and_offset_satisfy_kkt_and_identities():
+    problem = P.random(3, 4, 4, seed=5)
+    selected = [[0, 2], [1], [1, 3]]
+    sol = cf.selection_svm(problem, selected)
+    assert sol.feasible
+    A, G = sol.equalities, sol.margins_rows
+    w = sol.theta.ravel()
+    slack = G @ w - 1
+    assert len(A) == 2 and len(G) == 11
+    assert np.abs(w - G.T @ sol.lam - A.T @ sol.mu).max() < 1e-9   # stationarity
+    assert np.abs(A @ w).max() < 1e-9                               # equalities
+    assert slack.min() > -1e-9 and sol.lam.min() >= 0               # primal and dual feasibility
+    assert np.abs(sol.lam * slack).max() < 1e-9                     # complementary slackness
+    assert sol.lam.max() > 0
+    # W^fin from the softmax of an arbitrary W: it meets the log-ratio equalities, lies in the row space of A (minimum
+    # norm), is the projection of W onto that space, and is orthogonal to W^dir
+    W = np.random.default_rng(0).normal(size=(4, 4)) * 3
+    logit = cf.logits(problem, W)
+    log_s = logit - np.logaddexp.reduce(logit, axis=1, keepdims=True)
+    fin = cf.selection_offset(problem, log_s, selected).ravel()
+    b = [log_s[0, 2] - log_s[0, 0], log_s[2, 3] - log_s[2, 1]]
+    assert np.abs(A @ fin - b).max() < 1e-9
+    c = np.linalg.lstsq(A.T, fin, rcond=None)[0]
+    assert np.abs(A.T @ c - fin).max() < 1e-9
+    assert np.abs(A @ (W.ravel() - fin)).max() < 1e-9
+    assert abs(fin @ w) < 1e-9
+    with pytest.raises(ValueError, match="selected"):
+        cf.selection_svm(problem, [[0], [1]])
+    with pytest.raises(ValueError, match="selected"):
+        cf.selection_svm(problem, [[0], [], [1]])
+    with pytest.raises(ValueError, match="selected"):
+        cf.selection_svm(problem, [[0, 1, 2, 3]] * 3)
+    with pytest.raises(ValueError, match="log_s"):
+        cf.selection_offset(problem, np.zeros((3, 3)), selected)
+
+
+def test_relu_head_training_validation():
+    problem = P.random(3, 4, 3, seed=0)
+    W0 = np.zeros((3, 3))
+    with pytest.raises(ValueError, match="V"):
+        dyn.train_relu_head(problem, np.ones((2, 3)), W0)
+    with pytest.raises(ValueError, match="W0"):
+        dyn.train_relu_head(problem, np.ones((3, 3)), np.zeros(3))
+    with pytest.raises(ValueError, match="problem"):
+        dyn.train_relu_head(P.multi_input(), np.ones((3, 3)), W0)
+    run = dyn.train_relu_head(problem, np.eye(3) / np.sqrt(3), W0, steps=50)
+    assert np.all(np.isfinite(run.metrics["loss"])) and run.final["W"].shape == (3, 3)
+
+
+def test_svm_equivalence_passes_and_can_fail(monkeypatch):
+    assert _run("attention_svm.svm_equivalence").status == "PASS"
+    # without the finite part the two targets coincide: every run is a tie, the sign test has nothing to count
+    monkeypatch.setattr(cf, "selection_offset", lambda problem, log_s, selected: np.zeros(problem.theta_shape()))
+    assert _run("attention_svm.svm_equivalence").status == "FAIL"
+    monkeypatch.undo()
+    # a wrong finite part (its sign flipped) moves the target away from the iterates: the sign test itself fails
+    true_offset = cf.selection_offset
+    monkeypatch.setattr(cf, "selection_offset", lambda problem, log_s, selected: -true_offset(problem, log_s, selected))
+    assert _run("attention_svm.svm_equivalence").status == "FAIL"
