@@ -1,8 +1,8 @@
 """GD-β, the linear transformer block (LTB) and linear self-attention (LSA) for in-context linear regression.
 
 Paper: R. Zhang, J. Wu, P. L. Bartlett, *In-Context Learning of a Linear Transformer Block: Benefits of the
-MLP Component and One-Step GD Initialization*, NeurIPS 2024, arXiv:2402.14951. Equation and section numbers
-"spec §k" refer to ``shared/theory/gd_beta.md``, which restores the paper's stripped mathematics.
+MLP Component and One-Step GD Initialization*, NeurIPS 2024, arXiv:2402.14951. Section numbers "spec §k"
+number the derivation notes that restore the paper's stripped mathematics; docs/gd_beta.md holds the derivations.
 
 Data (Assumption 3.1): β ~ N(β*, Ψ); x_1..x_N, x_q ~ N(0, H); y_i = <x_i, β> + ε_i, ε ~ N(0, σ²).
 GD-β (5.1): ŷ = x_qᵀ β̂ with β̂ = β₀ − (1/N) Γ Xᵀ(Xβ₀ − y).

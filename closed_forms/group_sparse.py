@@ -1,8 +1,8 @@
 """A one-layer transformer learning optimal variable selection in group-sparse classification.
 
 Paper: C. Zhang, X. Meng, Y. Cao, *Transformer Learns Optimal Variable Selection in Group-Sparse Classification*,
-ICLR 2025 (arXiv:2504.08638). "spec §k" refers to ``shared/theory/group_sparse.md``; the reductions there are
-derived from the model definition, not taken from the paper.
+ICLR 2025 (arXiv:2504.08638). "spec §k" numbers the derivation notes behind this module; docs/group_sparse.md holds
+the derivations, which come from the model definition, not from the paper.
 
 Data (spec §1): X = [x_1 … x_D] ∈ R^{d×D}, x_j ~ N(0, σ_x² I_d) i.i.d., y = sign(<x_{j*}, v*>), ‖v*‖ = 1. Tokens
 h_j = [x_j; e_j]. Model (spec §2): f = Σ_j vᵀH softmax(HᵀW h_j), logistic loss, GD from v = 0, W = 0.

@@ -1,8 +1,8 @@
 """One-layer softmax attention learning one-nearest-neighbour in context.
 
 Paper: Z. Li, Y. Cao, C. Gao, Y. He, H. Liu, J. M. Klusowski, J. Fan, M. Wang, *One-Layer Transformer Provably
-Learns One-Nearest Neighbor In Context*, NeurIPS 2024, arXiv:2411.10830. "spec §k" refers to
-``shared/theory/one_nn.md``.
+Learns One-Nearest Neighbor In Context*, NeurIPS 2024, arXiv:2411.10830. "spec §k" numbers the
+derivation notes; docs/one_nn.md holds the derivations.
 
 Data (spec §1): x₁…x_N, x_q uniform on S^{d−1}, labels ±1 with E[y_i y_j | x] = δ_ij and sign symmetry; the
 target is the label of the nearest neighbour i* = argmax_j t_j, t_j = <x_j, x_q>. The model (spec §2) predicts

@@ -1,7 +1,7 @@
 """A one-layer transformer learning a random walk on a circle: the exact reduced dynamics.
 
 Paper: W. Shi, Y. Cao, *Towards Understanding Transformers in Learning Random Walks*, NeurIPS 2025
-(arXiv:2511.23239). "spec §k" refers to ``shared/theory/random_walk.md``.
+(arXiv:2511.23239). "spec §k" numbers the derivation notes; docs/random_walk.md holds the derivations.
 
 Data (spec §1): K nodes on a circle, s₁ uniform, each step +1 with probability p and −1 otherwise; the tokens are
 x_i = e_{s_i} for i < N and the target is y = s_N. Model (spec §2): f = V X softmax(X̃ᵀ W x̃_N) with positional

@@ -1,5 +1,5 @@
 """GD-β closed forms against brute-force Monte Carlo of the raw definitions, finite differences, and the
-spec's independently computed values (shared/theory/gd_beta.md)."""
+spec's independently computed values (docs/gd_beta.md)."""
 import numpy as np
 import pytest
 

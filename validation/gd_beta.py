@@ -1,4 +1,4 @@
-"""Claims of Zhang, Wu & Bartlett (NeurIPS 2024) on GD-β, the LTB and LSA (spec: shared/theory/gd_beta.md)."""
+"""Claims of Zhang, Wu & Bartlett (NeurIPS 2024) on GD-β, the LTB and LSA (derivations: docs/gd_beta.md)."""
 from __future__ import annotations
 
 import numpy as np

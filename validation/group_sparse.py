@@ -1,4 +1,4 @@
-"""Claims of Zhang, Meng & Cao (ICLR 2025) on group-sparse variable selection (spec: shared/theory/group_sparse.md)."""
+"""Claims of Zhang, Meng & Cao (ICLR 2025) on group-sparse variable selection (derivations: docs/group_sparse.md)."""
 from __future__ import annotations
 
 import math

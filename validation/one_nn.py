@@ -1,4 +1,4 @@
-"""Claims of Li et al. (NeurIPS 2024) on softmax attention learning 1-NN (spec: shared/theory/one_nn.md)."""
+"""Claims of Li et al. (NeurIPS 2024) on softmax attention learning 1-NN (derivations: docs/one_nn.md)."""
 from __future__ import annotations
 
 import math

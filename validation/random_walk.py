@@ -1,4 +1,4 @@
-"""Claims of Shi & Cao (NeurIPS 2025) on transformers learning random walks (spec: shared/theory/random_walk.md).
+"""Claims of Shi & Cao (NeurIPS 2025) on transformers learning random walks (derivations: docs/random_walk.md).
 
 Most claims run the exact reduced map on all 2^{N−1} step paths (no sampling error at all), at small (K, N); the
 full settings add the paper's K = 20, N = 101 with Monte-Carlo paths.

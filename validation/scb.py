@@ -1,4 +1,4 @@
-"""Claims of Ren, Wang & Lee (NeurIPS 2024) on Sparse Contextual Bigrams (spec: shared/theory/scb.md, §10).
+"""Claims of Ren, Wang & Lee (NeurIPS 2024) on Sparse Contextual Bigrams (derivations: docs/scb.md).
 
 This module holds claims C1–C12 of spec §10 and the Figure-1 comparison with SGD; C12 (the invariants) is checked
 inside the Algorithm-1 claim.
