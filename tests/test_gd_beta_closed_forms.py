@@ -323,3 +323,17 @@ def test_no_parameter_beats_the_optimal_risk(beta0, gamma, kind):
     R_star = cf.optimal_risk(problem)
     assert risk >= R_star - 1e-10 * max(1.0, risk)
     assert sum(cf.excess_risk_parts(problem, beta0, Gamma)) == pytest.approx(risk - R_star, rel=1e-8, abs=1e-10)
+
+
+def test_lemma_5_1_embedding_makes_the_ltb_compute_gd_beta():
+    """Exact identity: the LTB with the weights of Lemma 5.1 outputs the GD-β prediction, prompt by prompt."""
+    problem = GDBetaProblem.random(3, 7, seed=12, sigma2=0.5)
+    rng = np.random.default_rng(13)
+    beta0, Gamma = rng.normal(size=3), rng.normal(size=(3, 3))
+    prompts = dyn.sample_prompts(problem, 500, rng)
+    U, V, K = cf.ltb_embedding(beta0, Gamma)
+    ltb = cf.ltb_forward(dyn.token_matrices(prompts), U, V, K)
+    gd = cf.gd_beta_predict(prompts.X, prompts.y, prompts.x_query, beta0, Gamma)
+    assert np.max(np.abs(ltb - gd)) <= 1e-12 * np.max(np.abs(gd))
+    with pytest.raises(ValueError, match="Gamma"):
+        cf.ltb_embedding(beta0, np.eye(2))
