@@ -306,16 +306,14 @@ def _as_trajectory(records: np.ndarray, V, Q, *, boundaries, violations: int, sa
                       info=dict(boundaries=list(boundaries), violations=int(violations), samples=int(samples)))
 
 
-def _records(run: Trajectory) -> np.ndarray:
-    return np.column_stack([run.times] + [run.metrics[name] for name in RECORD_NAMES[1:]])
-
-
 def _joined(runs: list[Trajectory], V, Q) -> Trajectory:
     """Consecutive runs as one Trajectory ending at (V, Q)."""
-    return _as_trajectory(np.concatenate([_records(r) for r in runs]), V, Q,
-                          boundaries=[b for r in runs for b in r.info["boundaries"]],
-                          violations=sum(r.info["violations"] for r in runs),
-                          samples=sum(r.info["samples"] for r in runs))
+    return Trajectory(times=np.concatenate([r.times for r in runs]),
+                      metrics={name: np.concatenate([r.metrics[name] for r in runs]) for name in RECORD_NAMES[1:]},
+                      final=dict(V=V, Q=Q),
+                      info=dict(boundaries=[b for r in runs for b in r.info["boundaries"]],
+                                violations=sum(r.info["violations"] for r in runs),
+                                samples=sum(r.info["samples"] for r in runs)))
 
 
 def _stage_in_place(problem, V, Q, stage: StageSettings, seed, offset, record_every):

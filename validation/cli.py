@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -90,8 +91,6 @@ def _check_output_file(path: str | None, option: str) -> None:
         return
     if not path.strip():
         raise ValueError(f"{option} needs a file name")
-    from pathlib import Path
-
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
@@ -107,8 +106,6 @@ def _check_output_folder(path: str | None, option: str) -> None:
         return
     if not path.strip():
         raise ValueError(f"{option} needs a folder name")
-    from pathlib import Path
-
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as error:

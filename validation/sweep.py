@@ -172,7 +172,7 @@ class ResultStore:
 
     def __init__(self, directory=None):
         self.directory = None if directory is None else Path(directory)
-        self._memory: dict[str, dict] = {}
+        self._memory: dict[str, dict] = {}  # every record without a directory; with one, those checked sound
         self.quarantined: list[str] = []
         if self.directory is not None:
             if str(directory).strip() == "":
@@ -199,7 +199,8 @@ class ResultStore:
         return self.directory / f"{key}.json"
 
     def _problem(self, key: str) -> str | None:
-        """Why the stored record for ``key`` cannot be used, or None when it is sound."""
+        """Why the stored record for ``key`` cannot be used, or None when it is sound (it is then kept, so that
+        loading it does not read and check the file a second time)."""
         path = self._path(key)
         if not path.is_file():
             return "not a regular file"
@@ -219,6 +220,7 @@ class ResultStore:
                 return "checksum mismatch"
         except ValueError:  # non-finite numbers: not something this store writes
             return "non-finite numbers"
+        self._memory[key] = record
         return None
 
     def _quarantine(self, key: str, reason: str) -> None:
@@ -231,7 +233,7 @@ class ResultStore:
 
     def has(self, key: str) -> bool:
         """Whether a sound record of ``key`` is stored; an unsound one is moved aside first."""
-        if self.directory is None:
+        if self.directory is None or key in self._memory:
             return key in self._memory
         if not os.path.lexists(self._path(key)):
             return False
@@ -243,8 +245,8 @@ class ResultStore:
 
     def write(self, record: dict) -> None:
         record = dict(record, checksum=_checksum(record))
+        self._memory[record["key"]] = record
         if self.directory is None:
-            self._memory[record["key"]] = record
             return
         # Write to a temporary file in the same directory, then rename: a reader never sees half a record.
         handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
@@ -253,12 +255,11 @@ class ResultStore:
         os.replace(temporary, self._path(record["key"]))
 
     def load(self, key: str) -> dict:
-        if self.directory is None:
-            return self._memory[key]
-        reason = self._problem(key)
-        if reason is not None:
-            raise ValueError(f"the stored record {self._path(key)} cannot be used: {reason}")
-        return json.loads(self._path(key).read_text(encoding="utf-8"))
+        if key not in self._memory:
+            reason = "absent" if self.directory is None else self._problem(key)
+            if reason is not None:
+                raise ValueError(f"the stored record of task {key} cannot be used: {reason}")
+        return self._memory[key]
 
 
 # ==================================================================================================
