@@ -25,7 +25,7 @@ from attnflow.dynamics.integrate import dopri5_loop, solve_dopri5
 RTOL = ATOL = 1e-8
 
 
-# ---- the GD-β flow: an independent numpy right-hand side (spec §9) --------------------------------------
+# ---- the GD-β flow: an independent numpy right-hand side (docs/gd_beta.md §9) --------------------------------------
 def gd_beta_numpy_rhs(problem):
     """The same algebra as the numba kernel (precomputed HΨH and tr(HΨ), matrix-vector products for B(Γ)e),
     so the comparison measures the integrator and the language, not a cleverer formula."""

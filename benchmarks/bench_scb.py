@@ -1,5 +1,5 @@
 """SCB: minibatch throughput of the numba Algorithm-1 step against a straightforward vectorised numpy step (not a
-test). Both draw a fresh batch from the data model (spec §2) and take one preconditioned step (spec §5, eq. 4);
+test). Both draw a fresh batch from the data model (docs/scb.md §2) and take one preconditioned step (docs/scb.md §5, eq. 4);
 samples per second are measured side by side in this process.
 
     python benchmarks/bench_scb.py [--batch 4096] [--steps 5]

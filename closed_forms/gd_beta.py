@@ -1,15 +1,15 @@
 """GD-β, the linear transformer block (LTB) and linear self-attention (LSA) for in-context linear regression.
 
 Paper: R. Zhang, J. Wu, P. L. Bartlett, *In-Context Learning of a Linear Transformer Block: Benefits of the
-MLP Component and One-Step GD Initialization*, NeurIPS 2024, arXiv:2402.14951. Section numbers "spec §k"
+MLP Component and One-Step GD Initialization*, NeurIPS 2024, arXiv:2402.14951. Section numbers "docs/gd_beta.md §k"
 number the derivation notes that restore the paper's stripped mathematics; docs/gd_beta.md holds the derivations.
 
 Data (Assumption 3.1): β ~ N(β*, Ψ); x_1..x_N, x_q ~ N(0, H); y_i = <x_i, β> + ε_i, ε ~ N(0, σ²).
 GD-β (5.1): ŷ = x_qᵀ β̂ with β̂ = β₀ − (1/N) Γ Xᵀ(Xβ₀ − y).
-LTB (3.3) in reduced coordinates (spec §2.1): ŷ = x_qᵀ [c + Qᵀ g + q r], with g = Xᵀ(Xa + b y)/N and
+LTB (3.3) in reduced coordinates (docs/gd_beta.md §2.1): ŷ = x_qᵀ [c + Qᵀ g + q r], with g = Xᵀ(Xa + b y)/N and
 r = yᵀ(Xa + b y)/N. LSA (3.4) is the LTB without the MLP: c = 0.
 
-Conventions (spec §11): context length N; Γ acts as in (5.1) (not transposed); gradient flow on the risk with
+Conventions (docs/gd_beta.md §11): context length N; Γ acts as in (5.1) (not transposed); gradient flow on the risk with
 no factor ½; singular H, Ψ handled with pseudo-inverse square roots.
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ class GDBetaProblem:
     @classmethod
     def isotropic(cls, d: int = 2, N: int = 10, sigma2: float = 0.25, beta_norm: float = 1.0,
                   psi: float = 1.0, h: float = 1.0) -> "GDBetaProblem":
-        """H = h·I, Ψ = ψ·I, β* = beta_norm · e_1 (spec §6 golden configuration at the defaults)."""
+        """H = h·I, Ψ = ψ·I, β* = beta_norm · e_1 (docs/gd_beta.md §6 golden configuration at the defaults)."""
         d = check.integer(d, "d", minimum=1)
         beta_star = np.zeros(d)
         beta_star[0] = check.real(beta_norm, "beta_norm")
@@ -202,7 +202,7 @@ class GDBetaProblem:
 
     @cached_property
     def H_half_pinv(self) -> np.ndarray:
-        """H^{+1/2} = (H^{1/2})⁺ (spec §4)."""
+        """H^{+1/2} = (H^{1/2})⁺ (docs/gd_beta.md §4)."""
         return psd_power(self.H, -0.5)
 
     @cached_property
@@ -211,7 +211,7 @@ class GDBetaProblem:
 
     @cached_property
     def Psi_tilde(self) -> np.ndarray:
-        """Whitened task covariance Ψ̃ = H^{1/2} Ψ H^{1/2} (spec §1)."""
+        """Whitened task covariance Ψ̃ = H^{1/2} Ψ H^{1/2} (docs/gd_beta.md §1)."""
         return self.H_half @ self.Psi @ self.H_half
 
     @cached_property
@@ -231,7 +231,7 @@ class GDBetaProblem:
 
     @cached_property
     def Omega(self) -> np.ndarray:
-        """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (spec §3, probably the paper's (A.3))."""
+        """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (docs/gd_beta.md §3, probably the paper's (A.3))."""
         return _read_only(_omega_of(self, self.Psi_tilde))
 
     @cached_property
@@ -247,18 +247,18 @@ class GDBetaProblem:
         return float(np.sqrt(max(self.beta_star @ self.H @ self.beta_star, 0.0)))
 
     def require_optimum_defined(self) -> None:
-        """The optimal formulas need Ω invertible: σ² > 0 or tr(HΨ) > 0 (spec §1)."""
+        """The optimal formulas need Ω invertible: σ² > 0 or tr(HΨ) > 0 (docs/gd_beta.md §1)."""
         if self.sigma2 == 0.0 and np.trace(self.Psi_tilde) <= 0.0:
             raise ValueError("sigma2 must be > 0 when tr(H Psi) = 0: the optimal GD-beta risk is undefined")
 
 
 # ==================================================================================================
-# ICL risk of GD-β and its optimum (spec §3-4)
+# ICL risk of GD-β and its optimum (docs/gd_beta.md §3-4)
 # ==================================================================================================
 
 
 def _omega_of(problem: GDBetaProblem, S_tilde: np.ndarray) -> np.ndarray:
-    """Ω(S̃) = (N+1)/N S̃ + (tr S̃ + σ²)/N I (spec §3)."""
+    """Ω(S̃) = (N+1)/N S̃ + (tr S̃ + σ²)/N I (docs/gd_beta.md §3)."""
     N = problem.N
     return (N + 1) / N * S_tilde + (np.trace(S_tilde) + problem.sigma2) / N * np.eye(problem.d)
 
@@ -276,7 +276,7 @@ def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarra
 
 
 def icl_risk(problem: GDBetaProblem, beta0, Gamma) -> np.ndarray:
-    """Closed-form ICL risk R(β₀, Γ) of GD-β, spec §3 (boxed), any PSD H, Ψ and any Γ.
+    """Closed-form ICL risk R(β₀, Γ) of GD-β, docs/gd_beta.md §3 (boxed), any PSD H, Ψ and any Γ.
 
     R = σ² + tr(HS) − 2 tr(HΓHS) + (N+1)/N tr(ΓᵀHΓ HSH) + (tr(HS) + σ²)/N tr(ΓᵀHΓH),
     S = Ψ + (β* − β₀)(β* − β₀)ᵀ.
@@ -309,7 +309,7 @@ def icl_risk(problem: GDBetaProblem, beta0, Gamma) -> np.ndarray:
 
 
 def omega(problem: GDBetaProblem) -> np.ndarray:
-    """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (spec §3, probably the paper's (A.3)); cached on the problem."""
+    """Ω = (N+1)/N Ψ̃ + (tr Ψ̃ + σ²)/N I (docs/gd_beta.md §3, probably the paper's (A.3)); cached on the problem."""
     return problem.Omega
 
 
@@ -335,7 +335,7 @@ def optimal_risk_eigen(problem: GDBetaProblem) -> float:
 
 
 def excess_risk_parts(problem: GDBetaProblem, beta0, Gamma) -> tuple[float, float]:
-    """The two terms of R − R* (Corollary G.1, spec §3): (μ̃ᵀA(Γ̃)μ̃, ‖(Γ̃ − Γ̃*)Ω^{1/2}‖²_F).
+    """The two terms of R − R* (Corollary G.1, docs/gd_beta.md §3): (μ̃ᵀA(Γ̃)μ̃, ‖(Γ̃ − Γ̃*)Ω^{1/2}‖²_F).
 
     The first is the only place β₀ enters; for fixed Γ it is a strongly convex quadratic in H^{1/2}β₀.
     """
@@ -353,7 +353,7 @@ def excess_risk_parts(problem: GDBetaProblem, beta0, Gamma) -> tuple[float, floa
 
 
 def gd0_optimal_risk(problem: GDBetaProblem) -> float:
-    """Optimal GD-0 risk (β₀ fixed at 0): the upper end of the LSA sandwich, spec §6.
+    """Optimal GD-0 risk (β₀ fixed at 0): the upper end of the LSA sandwich, docs/gd_beta.md §6.
 
     R*_GD0 = σ² + tr S̃₀ − tr(S̃₀ Ω(S̃₀)⁻¹ S̃₀), S̃₀ = H^{1/2}(Ψ + β*β*ᵀ)H^{1/2}.
     """
@@ -363,7 +363,7 @@ def gd0_optimal_risk(problem: GDBetaProblem) -> float:
 
 
 # ==================================================================================================
-# Bayes (Lemma 6.1, spec §7)
+# Bayes (Lemma 6.1, docs/gd_beta.md §7)
 # ==================================================================================================
 
 
@@ -381,10 +381,10 @@ def bayes_estimate(problem: GDBetaProblem, X, y) -> np.ndarray:
 
 
 def bayes_conditional_excess(problem: GDBetaProblem, X) -> np.ndarray:
-    """E[excess risk | X] of the posterior mean, spec §7: tr(Σ (I + X̃ᵀX̃/σ²)⁻¹), X̃ = XΨ^{1/2}.
+    """E[excess risk | X] of the posterior mean, docs/gd_beta.md §7: tr(Σ (I + X̃ᵀX̃/σ²)⁻¹), X̃ = XΨ^{1/2}.
 
     Averaging this over X ~ N(0, H)^N gives R_Bayes − σ² with far smaller variance than sampling whole
-    prompts. For σ² = 0 it is tr(Σ P⊥) with P⊥ the projector on the null space of X̃ (spec §11.10).
+    prompts. For σ² = 0 it is tr(Σ P⊥) with P⊥ the projector on the null space of X̃ (docs/gd_beta.md §11.10).
     X : shape (n, N, d). Returns shape (n,).
     """
     X = np.asarray(X, dtype=float)
@@ -443,7 +443,7 @@ def ltb_forward(E, U, V, K, *, mlp: bool = True) -> np.ndarray:
 
 
 def ltb_reduced_coordinates(U, V, K, *, mlp: bool = True):
-    """(c, a, b, Q, q) of spec §2.1: what of (U, V, K) reaches the output.
+    """(c, a, b, Q, q) of docs/gd_beta.md §2.1: what of (U, V, K) reaches the output.
 
     c: first d entries of the last row of I + U (0 without MLP); (aᵀ, b): last row of (I + U)V;
     (Q; qᵀ): the first d columns of K.
@@ -457,7 +457,7 @@ def ltb_reduced_coordinates(U, V, K, *, mlp: bool = True):
 
 
 def ltb_reduced_predict(X, y, x_query, c, a, b, Q, q) -> np.ndarray:
-    """Reduced LTB prediction x_qᵀ[c + Qᵀg + q r], g = Xᵀ(Xa + by)/N, r = yᵀ(Xa + by)/N (spec §2.1)."""
+    """Reduced LTB prediction x_qᵀ[c + Qᵀg + q r], g = Xᵀ(Xa + by)/N, r = yᵀ(Xa + by)/N (docs/gd_beta.md §2.1)."""
     X = np.asarray(X, dtype=float)
     N = X.shape[-2]
     v = X @ a + b * y
@@ -467,18 +467,18 @@ def ltb_reduced_predict(X, y, x_query, c, a, b, Q, q) -> np.ndarray:
 
 
 # ==================================================================================================
-# Exact LSA / LTB risk for a linear read-out of φ = (1; g; r) (spec §6)
+# Exact LSA / LTB risk for a linear read-out of φ = (1; g; r) (docs/gd_beta.md §6)
 # ==================================================================================================
 
 
 def _quadratic_product_mean(Psi, A1, v1, c1, A2, v2, c2) -> float:
-    """E[(ξᵀA₁ξ + v₁ᵀξ + c₁)(ξᵀA₂ξ + v₂ᵀξ + c₂)] for ξ ~ N(0, Ψ), A₁, A₂ symmetric (spec §6)."""
+    """E[(ξᵀA₁ξ + v₁ᵀξ + c₁)(ξᵀA₂ξ + v₂ᵀξ + c₂)] for ξ ~ N(0, Ψ), A₁, A₂ symmetric (docs/gd_beta.md §6)."""
     t1, t2 = np.trace(A1 @ Psi), np.trace(A2 @ Psi)
     return float(t1 * t2 + 2 * np.trace(A1 @ Psi @ A2 @ Psi) + c1 * t2 + c2 * t1 + v1 @ Psi @ v2 + c1 * c2)
 
 
 def readout_moments(problem: GDBetaProblem, a, b: float, *, constant: bool):
-    """Closed-form moments of the feature φ that an LSA/LTB reads out linearly (spec §6).
+    """Closed-form moments of the feature φ that an LSA/LTB reads out linearly (docs/gd_beta.md §6).
 
     φ = (g; r) for LSA and (1; g; r) for LTB (``constant=True``), with g = Xᵀ(Xa + by)/N, r = yᵀ(Xa + by)/N.
 
@@ -533,7 +533,7 @@ def readout_moments(problem: GDBetaProblem, a, b: float, *, constant: bool):
 
 
 def readout_risk(problem: GDBetaProblem, a, b: float, W, *, constant: bool) -> float:
-    """Exact risk of the read-out ŷ = x_qᵀ W φ: σ² + tr(H(Ξ − WCᵀ − CWᵀ + WPWᵀ)) (spec §6).
+    """Exact risk of the read-out ŷ = x_qᵀ W φ: σ² + tr(H(Ξ − WCᵀ − CWᵀ + WPWᵀ)) (docs/gd_beta.md §6).
 
     W : shape (d, d+2) = [c, Qᵀ, q] for LTB (``constant=True``) or (d, d+1) = [Qᵀ, q] for LSA.
     """
@@ -576,7 +576,7 @@ def _sphere_starts(problem: GDBetaProblem) -> list[np.ndarray]:
 
 
 def optimal_attention_risk(problem: GDBetaProblem, *, mlp: bool, gtol: float = 1e-12) -> OptimalReadout:
-    """inf over the LTB (``mlp=True``) or LSA (``mlp=False``) of the ICL risk, spec §6 (boxed).
+    """inf over the LTB (``mlp=True``) or LSA (``mlp=False``) of the ICL risk, docs/gd_beta.md §6 (boxed).
 
     For a fixed value direction (a, b) the prediction is linear in the read-out, so the read-out is optimised
     in closed form and only (a, b) ∈ S^d remains: a smooth non-convex problem in d+1 dimensions, minimised by
@@ -607,12 +607,12 @@ def optimal_attention_risk(problem: GDBetaProblem, *, mlp: bool, gtol: float = 1
 
 
 # ==================================================================================================
-# Gradient flow on (β₀, Γ) (Lemma G.2, Theorem 6.3; spec §9)
+# Gradient flow on (β₀, Γ) (Lemma G.2, Theorem 6.3; docs/gd_beta.md §9)
 # ==================================================================================================
 
 
 def beta_curvature(problem: GDBetaProblem, Gamma) -> np.ndarray:
-    """B(Γ) = (I − HΓᵀ)H(I − ΓH) + (1/N)HΓᵀHΓH + (1/N)tr(ΓᵀHΓH) H (spec §3): for fixed Γ the risk is
+    """B(Γ) = (I − HΓᵀ)H(I − ΓH) + (1/N)HΓᵀHΓH + (1/N)tr(ΓᵀHΓH) H (docs/gd_beta.md §3): for fixed Γ the risk is
     (β₀ − β*)ᵀB(Γ)(β₀ − β*) plus terms free of β₀, and B(Γ) ⪰ H/(N+1)."""
     H, N = problem.H, problem.N
     Gamma = np.asarray(Gamma, float)
@@ -634,7 +634,7 @@ def risk_gradient(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.
 
 @njit(cache=True)
 def _flow_field(beta0, Gamma, H, HPsiH, tr_HPsi, beta_star, sigma2, N):
-    """−∇R at (β₀, Γ), spec §9 (boxed):
+    """−∇R at (β₀, Γ), docs/gd_beta.md §9 (boxed):
     β̇₀ = −2B(Γ)(β₀ − β*), B(Γ) = (I − HΓᵀ)H(I − ΓH) + (1/N)HΓᵀHΓH + (1/N)tr(ΓᵀHΓH) H,
     Γ̇ = 2HSH − 2HΓ[(N+1)/N HSH + (tr(HS) + σ²)/N H],  S = Ψ + (β₀ − β*)(β₀ − β*)ᵀ.
 
@@ -700,7 +700,7 @@ def unpack_flow_state(y, d: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def flow_limit(problem: GDBetaProblem, beta0_init, Gamma_init) -> tuple[np.ndarray, np.ndarray]:
-    """Limit of the flow, Theorem 6.3 (spec §9): the null-space parts never move,
+    """Limit of the flow, Theorem 6.3 (docs/gd_beta.md §9): the null-space parts never move,
     β₀(∞) = P_R β* + P_N β₀(0), Γ(∞) = Γ* + (Γ(0) − P_R Γ(0) P_R), with P_R the projector on range(H)."""
     P_R = problem.H_range_projector
     P_N = np.eye(problem.d) - P_R
@@ -710,7 +710,7 @@ def flow_limit(problem: GDBetaProblem, beta0_init, Gamma_init) -> tuple[np.ndarr
 
 @dataclass(frozen=True)
 class LocalRates:
-    """Exponential rates of the gradient flow (spec §9 "Rates", ours, verified).
+    """Exponential rates of the gradient flow (docs/gd_beta.md §9 "Rates", ours, verified).
 
     beta : exact local rate of ‖β₀ − β*‖, 2 λ_min⁺(B(Γ*)) on range(H).
     gamma_mode : exact local rate of the Γ block, 2 λ₊(H) λ₊(H^{1/2}ΩH^{1/2}).
@@ -742,7 +742,7 @@ def local_rates(problem: GDBetaProblem) -> LocalRates:
 
 
 # ==================================================================================================
-# Corollary 6.2: GD-β vs Bayes (spec §8)
+# Corollary 6.2: GD-β vs Bayes (docs/gd_beta.md §8)
 # ==================================================================================================
 
 
@@ -753,7 +753,7 @@ def snr(problem: GDBetaProblem) -> float:
 
 
 def excess_risk_sandwich(problem: GDBetaProblem) -> tuple[float, float]:
-    """Explicit constants for Corollary 6.2 (spec §8, ours), with κ = SNR:
+    """Explicit constants for Corollary 6.2 (docs/gd_beta.md §8, ours), with κ = SNR:
     ½ Σ min(ψᵢ, σ²/(N+1)) <= R* − σ² <= 2(1 + κ) Σ min(ψᵢ, σ²/N)."""
     psi, N, s2 = problem.psi, problem.N, problem.sigma2
     lower = 0.5 * np.minimum(psi, s2 / (N + 1)).sum()
@@ -762,7 +762,7 @@ def excess_risk_sandwich(problem: GDBetaProblem) -> tuple[float, float]:
 
 
 def large_context_ratio_limit(problem: GDBetaProblem) -> float:
-    """lim_{N→∞} (R* − σ²)/(R_Bayes − σ²) = 1 + (r+1)/r · SNR, r = rank Ψ̃ (spec §8; r = d there)."""
+    """lim_{N→∞} (R* − σ²)/(R_Bayes − σ²) = 1 + (r+1)/r · SNR, r = rank Ψ̃ (docs/gd_beta.md §8; r = d there)."""
     r = numerical_rank(problem.Psi_tilde)
     if r == 0:
         raise ValueError("Psi must satisfy tr(H Psi) > 0 for the GD-beta/Bayes ratio")

@@ -1,17 +1,17 @@
 """A one-layer transformer learning optimal variable selection in group-sparse classification.
 
 Paper: C. Zhang, X. Meng, Y. Cao, *Transformer Learns Optimal Variable Selection in Group-Sparse Classification*,
-ICLR 2025 (arXiv:2504.08638). "spec §k" numbers the derivation notes behind this module; docs/group_sparse.md holds
+ICLR 2025 (arXiv:2504.08638). "docs/group_sparse.md §k" numbers the derivation notes behind this module; docs/group_sparse.md holds
 the derivations, which come from the model definition, not from the paper.
 
-Data (spec §1): X = [x_1 … x_D] ∈ R^{d×D}, x_j ~ N(0, σ_x² I_d) i.i.d., y = sign(<x_{j*}, v*>), ‖v*‖ = 1. Tokens
-h_j = [x_j; e_j]. Model (spec §2): f = Σ_j vᵀH softmax(HᵀW h_j), logistic loss, GD from v = 0, W = 0.
+Data (docs/group_sparse.md §1): X = [x_1 … x_D] ∈ R^{d×D}, x_j ~ N(0, σ_x² I_d) i.i.d., y = sign(<x_{j*}, v*>), ‖v*‖ = 1. Tokens
+h_j = [x_j; e_j]. Model (docs/group_sparse.md §2): f = Σ_j vᵀH softmax(HᵀW h_j), logistic loss, GD from v = 0, W = 0.
 
 What is exact here:
-* the symmetry invariants of GD from zero (spec §5: v₂ = 0, W₁₂ = W₂₁ = 0, W₂₂ column sums 0, v₁ ∥ v*), and the
+* the symmetry invariants of GD from zero (docs/group_sparse.md §5: v₂ = 0, W₁₂ = W₂₁ = 0, W₂₂ column sums 0, v₁ ∥ v*), and the
   six scalars they leave (:func:`symmetric_coordinates`);
-* the first GD step (spec §5): v₁⁽¹⁾ = (η/2)σ_x√(2/π)v*, W⁽¹⁾ = 0;
-* the position-only sub-model (W₁₁ frozen at 0; spec §6): two scalars (β, α) whose loss and gradient are 1-D
+* the first GD step (docs/group_sparse.md §5): v₁⁽¹⁾ = (η/2)σ_x√(2/π)v*, W⁽¹⁾ = 0;
+* the position-only sub-model (W₁₁ frozen at 0; docs/group_sparse.md §6): two scalars (β, α) whose loss and gradient are 1-D
   integrals against a skew-normal law, computed by quadrature (:func:`position_only_terms`), and its GD map.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = ["GroupSparseProblem", "first_step_v", "attention_weights", "position_
 @dataclass(frozen=True)
 class GroupSparseProblem:
     """d >= 1 features per group, D >= 2 groups, relevant group ``j_star`` ∈ {1, …, D} (1-based, as in the paper's
-    j* = 2), direction ``v_star`` ∈ R^d (normalised to unit norm, spec §1) and feature scale σ_x > 0."""
+    j* = 2), direction ``v_star`` ∈ R^d (normalised to unit norm, docs/group_sparse.md §1) and feature scale σ_x > 0."""
 
     d: int
     D: int
@@ -82,7 +82,7 @@ class GroupSparseProblem:
 
 
 def first_step_v(problem: GroupSparseProblem, eta: float) -> np.ndarray:
-    """v⁽¹⁾ = [(η/2)σ_x√(2/π) v*; 0_D] (spec §5): at v = 0, W = 0 the attention is uniform, l'(0) = −½ and
+    """v⁽¹⁾ = [(η/2)σ_x√(2/π) v*; 0_D] (docs/group_sparse.md §5): at v = 0, W = 0 the attention is uniform, l'(0) = −½ and
     E[y x_{j*}] = σ_x√(2/π) v*. W⁽¹⁾ = 0 because ∇_W vanishes at v = 0."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     return np.concatenate([eta / 2 * problem.sigma_x * math.sqrt(2 / math.pi) * problem.v_star, np.zeros(problem.D)])
@@ -98,7 +98,7 @@ def attention_weights(alpha: float, D: int) -> tuple[float, float]:
 
 
 # ==================================================================================================
-# Position-only sub-model (spec §6)
+# Position-only sub-model (docs/group_sparse.md §6)
 # ==================================================================================================
 
 
@@ -117,7 +117,7 @@ def _sigmoid(x):
 
 @njit(cache=True)
 def _position_only_kernel(beta, alpha, D, sigma_x, n_nodes):
-    """(L, ∂L/∂β, ∂L/∂α) by trapezoid over x against the skew-normal density 2φ(x)Φ(λx) (spec §6).
+    """(L, ∂L/∂β, ∂L/∂α) by trapezoid over x against the skew-normal density 2φ(x)Φ(λx) (docs/group_sparse.md §6).
 
     U = s*|G| + s_o√(D−1)Z = ω·X, X skew-normal(λ), a = s*, b = s_o√(D−1), ω = √(a² + b²), λ = a/b, κ = Dβσ_x:
         L = E[l(κU)],  ∂L/∂β = Dσ_x E[l'(κU)U],  ∂L/∂α = κ[(1 − s*)E[l'(κU)U] − b²κE[l''(κU)]],
@@ -159,12 +159,12 @@ def _position_only_kernel(beta, alpha, D, sigma_x, n_nodes):
 
 
 # Nodes per grid of the position-only quadrature. Relative change against 4x the nodes: <= 3e-6 at the points of
-# spec §6, 2e-5 at (β, α) = (50, 9), 2e-4 at (200, 12) (second order where the grids change spacing).
+# docs/group_sparse.md §6, 2e-5 at (β, α) = (50, 9), 2e-4 at (200, 12) (second order where the grids change spacing).
 POSITION_ONLY_NODES = 1501
 
 
 def position_only_terms(problem: GroupSparseProblem, beta: float, alpha: float, n_nodes: int = POSITION_ONLY_NODES):
-    """(L, ∂L/∂β, ∂L/∂α) of the position-only sub-model at (β, α) (spec §6); d does not enter."""
+    """(L, ∂L/∂β, ∂L/∂α) of the position-only sub-model at (β, α) (docs/group_sparse.md §6); d does not enter."""
     beta = check.real(beta, "beta")
     alpha = check.real(alpha, "alpha")
     n_nodes = check.integer(n_nodes, "n_nodes", minimum=101)
@@ -173,7 +173,7 @@ def position_only_terms(problem: GroupSparseProblem, beta: float, alpha: float, 
 
 @njit(cache=True)
 def position_only_step(k, x, params):
-    """GD on (β, α): β ← β − η∂L/∂β, α ← α − (η/(D − 1))∂L/∂α (spec §6); params = (D, σ_x, η, n_nodes)."""
+    """GD on (β, α): β ← β − η∂L/∂β, α ← α − (η/(D − 1))∂L/∂α (docs/group_sparse.md §6); params = (D, σ_x, η, n_nodes)."""
     D = int(params[0])
     _, d_beta, d_alpha = _position_only_kernel(x[0], x[1], D, params[1], int(params[3]))
     out = np.empty(2)
@@ -200,17 +200,17 @@ def pack_position_only_params(problem: GroupSparseProblem, eta: float, n_nodes: 
 
 
 def asymptotic_loss_constant() -> float:
-    """c = √(2/π)·π²/12: L ≈ c/(Dβσ_x) as s* → 1 and κ → ∞ (spec §6)."""
+    """c = √(2/π)·π²/12: L ≈ c/(Dβσ_x) as s* → 1 and κ → ∞ (docs/group_sparse.md §6)."""
     return math.sqrt(2 / math.pi) * math.pi**2 / 12
 
 
 # ==================================================================================================
-# The symmetric manifold of the full model (spec §5)
+# The symmetric manifold of the full model (docs/group_sparse.md §5)
 # ==================================================================================================
 
 
 def symmetric_coordinates(problem: GroupSparseProblem, v: np.ndarray, W: np.ndarray) -> dict:
-    """The six scalars of spec §5 and the size of everything the symmetries force to zero.
+    """The six scalars of docs/group_sparse.md §5 and the size of everything the symmetries force to zero.
 
     Returns β = <v₁, v*>, c_par = v*ᵀW₁₁v*, c_perp = tr((I − v*v*ᵀ)W₁₁)/(d − 1) (nan for d = 1), the W₂₂ entries
     w_** (key j*, query j*), w_*o (key j*, other query), w_o* , and the residuals: ‖v₁ − βv*‖, ‖v₂‖, ‖W₁₂‖, ‖W₂₁‖,

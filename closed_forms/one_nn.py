@@ -1,15 +1,15 @@
 """One-layer softmax attention learning one-nearest-neighbour in context.
 
 Paper: Z. Li, Y. Cao, C. Gao, Y. He, H. Liu, J. M. Klusowski, J. Fan, M. Wang, *One-Layer Transformer Provably
-Learns One-Nearest Neighbor In Context*, NeurIPS 2024, arXiv:2411.10830. "spec §k" numbers the
+Learns One-Nearest Neighbor In Context*, NeurIPS 2024, arXiv:2411.10830. "docs/one_nn.md §k" numbers the
 derivation notes; docs/one_nn.md holds the derivations.
 
-Data (spec §1): x₁…x_N, x_q uniform on S^{d−1}, labels ±1 with E[y_i y_j | x] = δ_ij and sign symmetry; the
-target is the label of the nearest neighbour i* = argmax_j t_j, t_j = <x_j, x_q>. The model (spec §2) predicts
+Data (docs/one_nn.md §1): x₁…x_N, x_q uniform on S^{d−1}, labels ±1 with E[y_i y_j | x] = δ_ij and sign symmetry; the
+target is the label of the nearest neighbour i* = argmax_j t_j, t_j = <x_j, x_q>. The model (docs/one_nn.md §2) predicts
 f = [y, 0]·softmax(HᵀWh_q). Gradient descent from W = diag(0, …, 0, −σ) stays on W = diag(ξ₁I_d, 0, −ξ₂)
-(spec §4), where the context logits are ξ₁t_j and the query's is ξ₁ − ξ₂ (shifted: ξ₁(t_j − 1) and −ξ₂).
+(docs/one_nn.md §4), where the context logits are ξ₁t_j and the query's is ξ₁ − ξ₂ (shifted: ξ₁(t_j − 1) and −ξ₂).
 
-The population loss L(ξ₁, ξ₂) = ½E[(1 − S_{i*})² + Σ_{j≠i*} S_j²] is an N-dimensional expectation; spec §6 reduces
+The population loss L(ξ₁, ξ₂) = ½E[(1 − S_{i*})² + Σ_{j≠i*} S_j²] is an N-dimensional expectation; docs/one_nn.md §6 reduces
 it and its gradient to one- and two-dimensional integrals over t = cos θ and a Laplace variable λ, computed here
 by quadrature (:func:`reduced_loss`).
 """
@@ -31,7 +31,7 @@ __all__ = ["OneNNProblem", "t_density", "ReducedLoss", "reduced_loss", "reduced_
            "reduced_loss_adaptive", "reduced_gd_step", "reduced_flow_rhs", "pack_reduced_params",
            "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "DYNAMICS_RESOLUTION"]
 
-# (n_theta, n_lambda) to start refining from: ~1e-3 relative error for ξ₁ <= 40 (spec §6).
+# (n_theta, n_lambda) to start refining from: ~1e-3 relative error for ξ₁ <= 40 (docs/one_nn.md §6).
 DEFAULT_GRID = (500, 300)
 
 
@@ -95,7 +95,7 @@ def _log_B(d: int) -> float:
 
 
 def t_density(d: int, t) -> np.ndarray:
-    """Density of t = <x, x_q> on [−1, 1] (spec §1): Γ(d/2)/(√π Γ((d−1)/2)) (1 − t²)^{(d−3)/2}."""
+    """Density of t = <x, x_q> on [−1, 1] (docs/one_nn.md §1): Γ(d/2)/(√π Γ((d−1)/2)) (1 − t²)^{(d−3)/2}."""
     d = check.integer(d, "d", minimum=2)
     t = np.asarray(t, float)
     with np.errstate(divide="ignore"):
@@ -103,13 +103,13 @@ def t_density(d: int, t) -> np.ndarray:
 
 
 # ==================================================================================================
-# The quadrature kernel (spec §6)
+# The quadrature kernel (docs/one_nn.md §6)
 # ==================================================================================================
 
 
 @njit(cache=True)
 def _theta_grid(d, log_B, n_theta):
-    """Nodes t_k = cos θ_k, θ_k = π x_k^{1.5} (dense near t = 1, spec §6) and trapezoid weights in x times the
+    """Nodes t_k = cos θ_k, θ_k = π x_k^{1.5} (dense near t = 1, docs/one_nn.md §6) and trapezoid weights in x times the
     density, normalised to sum to 1 so the discrete law is exactly a probability."""
     t = np.empty(n_theta)
     w = np.empty(n_theta)
@@ -147,14 +147,14 @@ def _signed_exp(log_magnitude, factor):
 @njit(cache=True)
 def _lambda_range(xi1, a, N):
     """[w_lo, w_hi] of w = log λ. Below: the m = 1 integrands vanish only like λ, so a cut-off at ε/(a + N) loses a
-    relative ~ε of them (spec §6 used ε = 1e-5, a bias invisible to grid refinement); ε = 1e-14 is below
+    relative ~ε of them (docs/one_nn.md §6 used ε = 1e-5, a bias invisible to grid refinement); ε = 1e-14 is below
     round-off. Above: e^{−λZ'} < e^{−80} for every Z' >= a + N e^{−2ξ₁}."""
     return math.log(1e-14 / (a + N)), math.log(80.0 / (a + N * math.exp(-2.0 * xi1)))
 
 
 @njit(cache=True)
 def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
-    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) at (ξ₁, ξ₂) by the formulas of spec §6 (ξ₂ = inf allowed: the query fully masked).
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) at (ξ₁, ξ₂) by the formulas of docs/one_nn.md §6 (ξ₂ = inf allowed: the query fully masked).
 
     With u = exp(ξ₁(t − 1)), r = t − 1, a = exp(−ξ₂), Z' = a + Σu_j, and 1/Z'^m = ∫ λ^{m−1}/(m−1)! e^{−λZ'} dλ:
       L       = ½ − Max[u;1] + ½ Sum[u²;2]
@@ -266,7 +266,7 @@ def _params_gradient(x, params):
 
 @njit(cache=True)
 def reduced_gd_step(k, x, params):
-    """One step of reduced GD (spec §4): ξ₁ ← ξ₁ − (η/d)∂L/∂ξ₁, ξ₂ ← ξ₂ − η∂L/∂ξ₂ (``params``: see
+    """One step of reduced GD (docs/one_nn.md §4): ξ₁ ← ξ₁ − (η/d)∂L/∂ξ₁, ξ₂ ← ξ₂ − η∂L/∂ξ₂ (``params``: see
     :func:`pack_reduced_params`)."""
     g1, g2 = _params_gradient(x, params)
     out = np.empty(2)
@@ -344,7 +344,7 @@ def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
 
 def reduced_loss(problem: OneNNProblem, xi1: float, xi2: float, *, rtol: float = 1e-4,
                  grid=DEFAULT_GRID, max_grid=_MAX_GRID) -> ReducedLoss:
-    """L(ξ₁, ξ₂) and ∇L by quadrature (spec §6) to a requested relative accuracy.
+    """L(ξ₁, ξ₂) and ∇L by quadrature (docs/one_nn.md §6) to a requested relative accuracy.
 
     Returns the Richardson extrapolation L_fine + (L_fine − L_coarse)/3 of the second-order scheme. The grid
     doubles until the fine grid's error estimate |L_fine − L_coarse|/3 is below
@@ -383,7 +383,7 @@ def reduced_loss(problem: OneNNProblem, xi1: float, xi2: float, *, rtol: float =
 
 
 # ==================================================================================================
-# Asymptotics (spec §7)
+# Asymptotics (docs/one_nn.md §7)
 # ==================================================================================================
 
 
@@ -402,5 +402,5 @@ def gap_density_at_zero(d: int, N: int) -> float:
 
 
 def asymptotic_loss_constant(d: int, N: int) -> float:
-    """C = (ln 2 − ½) f_gap(0): L(ξ₁, ∞) ≈ C/ξ₁ as ξ₁ → ∞ (spec §7; 1.1130 at d = 4, N = 16)."""
+    """C = (ln 2 − ½) f_gap(0): L(ξ₁, ∞) ≈ C/ξ₁ as ξ₁ → ∞ (docs/one_nn.md §7; 1.1130 at d = 4, N = 16)."""
     return (math.log(2.0) - 0.5) * gap_density_at_zero(d, N)

@@ -1,13 +1,13 @@
 """A one-layer transformer learning a random walk on a circle: the exact reduced dynamics.
 
 Paper: W. Shi, Y. Cao, *Towards Understanding Transformers in Learning Random Walks*, NeurIPS 2025
-(arXiv:2511.23239). "spec §k" numbers the derivation notes; docs/random_walk.md holds the derivations.
+(arXiv:2511.23239). "docs/random_walk.md §k" numbers the derivation notes; docs/random_walk.md holds the derivations.
 
-Data (spec §1): K nodes on a circle, s₁ uniform, each step +1 with probability p and −1 otherwise; the tokens are
-x_i = e_{s_i} for i < N and the target is y = s_N. Model (spec §2): f = V X softmax(X̃ᵀ W x̃_N) with positional
+Data (docs/random_walk.md §1): K nodes on a circle, s₁ uniform, each step +1 with probability p and −1 otherwise; the tokens are
+x_i = e_{s_i} for i < N and the target is y = s_N. Model (docs/random_walk.md §2): f = V X softmax(X̃ᵀ W x̃_N) with positional
 embeddings [p_i]_k = sin(π i k / M), ‖p_i‖² = M/2 =: P_norm; loss −log(f_y + ε); GD from V = 0, W = 0.
 
-Reduction (spec §4): only W x̃_N matters and, by rotation symmetry, V is circulant, V_{y,s} = v[(y − s) mod K], and
+Reduction (docs/random_walk.md §4): only W x̃_N matters and, by rotation symmetry, V is circulant, V_{y,s} = v[(y − s) mod K], and
 the attention S = softmax(z) ∈ Δ^N is the same for every sequence. The state is (v ∈ R^K, z ∈ R^N); expectations
 run over the displacements d_k = (y − s_k) mod K (the sum of the N − k steps after position k), either by
 enumerating the 2^{N−1} step paths exactly (:func:`enumerate_paths`) or by Monte Carlo over paths
@@ -36,7 +36,7 @@ MAX_ENUMERATED_STEPS = 20
 @dataclass(frozen=True)
 class RandomWalkProblem:
     """K >= 3 nodes, sequence length N >= 2 (N − 1 tokens and the target), positional dimension M > N,
-    step probability p ∈ [0, 1], loss offset ε > 0 and step size η > 0 (spec §1–2; defaults are the paper's)."""
+    step probability p ∈ [0, 1], loss offset ε > 0 and step size η > 0 (docs/random_walk.md §1–2; defaults are the paper's)."""
 
     K: int
     N: int
@@ -70,11 +70,11 @@ class RandomWalkProblem:
 
     @property
     def P_norm(self) -> float:
-        """‖p_i‖² = M/2, the only property of the positional embeddings the dynamics see (spec §4)."""
+        """‖p_i‖² = M/2, the only property of the positional embeddings the dynamics see (docs/random_walk.md §4)."""
         return self.M / 2
 
     def transition_matrix(self) -> np.ndarray:
-        """Π with π_ij = p·1{j = i+1} + (1 − p)·1{j = i−1} (mod K), spec §1."""
+        """Π with π_ij = p·1{j = i+1} + (1 − p)·1{j = i−1} (mod K), docs/random_walk.md §1."""
         index = np.arange(self.K)
         Pi = np.zeros((self.K, self.K))
         Pi[index, (index + 1) % self.K] += self.p
@@ -83,17 +83,17 @@ class RandomWalkProblem:
 
     @property
     def optimal_accuracy(self) -> float:
-        """max(p, 1 − p), the Bayes accuracy of predicting s_N from s_{N−1} (spec §1)."""
+        """max(p, 1 − p), the Bayes accuracy of predicting s_N from s_{N−1} (docs/random_walk.md §1)."""
         return max(self.p, 1 - self.p)
 
     @property
     def failure_case(self) -> bool:
-        """The failure theorem's setting (spec §3): p ∈ {0, 1} and N = rK + 1."""
+        """The failure theorem's setting (docs/random_walk.md §3): p ∈ {0, 1} and N = rK + 1."""
         return self.p in (0.0, 1.0) and (self.N - 1) % self.K == 0
 
 
 def positional_embeddings(N: int, M: int) -> np.ndarray:
-    """P ∈ R^{M×N}, [p_i]_k = sin(π i k / M) (spec §2, reconstructed): mutually orthogonal, ‖p_i‖² = M/2 for i < M."""
+    """P ∈ R^{M×N}, [p_i]_k = sin(π i k / M) (docs/random_walk.md §2, reconstructed): mutually orthogonal, ‖p_i‖² = M/2 for i < M."""
     N = check.integer(N, "N", minimum=1)
     M = check.integer(M, "M", minimum=N + 1)
     k = np.arange(1, M + 1)[:, None]
@@ -148,7 +148,7 @@ def circulant(v) -> np.ndarray:
 
 
 # ==================================================================================================
-# The reduced map (spec §4) as a numba kernel; params = (K, N, η, ε, P_norm, n, weights, displacements)
+# The reduced map (docs/random_walk.md §4) as a numba kernel; params = (K, N, η, ε, P_norm, n, weights, displacements)
 # ==================================================================================================
 
 
@@ -178,7 +178,7 @@ def _softmax(z):
 
 @njit(cache=True)
 def _population_terms(v, z, params):
-    """(loss, E[l'·Σ_k S_k 1{d_k = c}] per c, E[g_k] per k) at the state (v, z), spec §4."""
+    """(loss, E[l'·Σ_k S_k 1{d_k = c}] per c, E[g_k] per k) at the state (v, z), docs/random_walk.md §4."""
     K, N, eta, eps, P_norm, n, weights, d = _unpack(params)
     S = _softmax(z)
     grad_v = np.zeros(K)
@@ -204,7 +204,7 @@ def _population_terms(v, z, params):
 
 @njit(cache=True)
 def reduced_step(k, x, params):
-    """One GD step on x = (v, z) (spec §4):
+    """One GD step on x = (v, z) (docs/random_walk.md §4):
         v[c] ← v[c] − (η/K) E[l' Σ_k S_k 1{d_k = c}],
         z_k  ← z_k − η P_norm² E[g_k] + (η P_norm/K) E[g_N]  (k < N),   z_N ← z_N − η P_norm² E[g_N].
     A non-positive f_y + ε (log undefined) returns NaN so the engine stops and names the step."""
@@ -236,7 +236,7 @@ def _losses_kernel(states, params):
 
 @njit(cache=True)
 def _accuracy_kernel(x, params):
-    """P(Pred(f) = y), ties to the smallest label (spec §2), averaged exactly over y uniform.
+    """P(Pred(f) = y), ties to the smallest label (docs/random_walk.md §2), averaged exactly over y uniform.
 
     For target y and path d, f_{(y + r) mod K} = g[r] = Σ_k S_k v[(r + d_k) mod K]; relative label 0 is predicted
     iff it attains the max and y is the smallest absolute label (y + r) mod K among the maximisers r.
@@ -309,7 +309,7 @@ def accuracy(problem: RandomWalkProblem, paths: Paths, v, z) -> float:
 
 
 # ==================================================================================================
-# Closed forms (spec §5, §6)
+# Closed forms (docs/random_walk.md §5, §6)
 # ==================================================================================================
 
 
@@ -323,13 +323,13 @@ def walk_distribution(problem: RandomWalkProblem, m: int) -> np.ndarray:
 
 
 def step_one_v(problem: RandomWalkProblem) -> np.ndarray:
-    """v⁽¹⁾[c] = η/(εNK) Σ_{m=1}^{N−1} P(S_m = c) (spec §5; V⁽¹⁾ = η/(εNK) Σ_i (Πᵀ)^{N−i}, W⁽¹⁾ = 0)."""
+    """v⁽¹⁾[c] = η/(εNK) Σ_{m=1}^{N−1} P(S_m = c) (docs/random_walk.md §5; V⁽¹⁾ = η/(εNK) Σ_i (Πᵀ)^{N−i}, W⁽¹⁾ = 0)."""
     total = sum(walk_distribution(problem, m) for m in range(1, problem.N))
     return problem.eta / (problem.eps * problem.N * problem.K) * total
 
 
 def one_hot_map(problem: RandomWalkProblem, v_plus: float, v_minus: float, steps: int) -> np.ndarray:
-    """v[±1] under one-hot parent attention S = e_{N−1} (spec §5): v[1] ← v[1] + (η/K)p/(v[1] + ε),
+    """v[±1] under one-hot parent attention S = e_{N−1} (docs/random_walk.md §5): v[1] ← v[1] + (η/K)p/(v[1] + ε),
     v[−1] ← v[−1] + (η/K)(1 − p)/(v[−1] + ε); returns (steps + 1, 2). (v[±1] + ε)² ≈ 2ηp_± t/K for large t."""
     steps = check.integer(steps, "steps", minimum=0)
     out = np.empty((steps + 1, 2))
@@ -342,7 +342,7 @@ def one_hot_map(problem: RandomWalkProblem, v_plus: float, v_minus: float, steps
 
 
 def deterministic_closure(problem: RandomWalkProblem, steps: int) -> np.ndarray:
-    """The 3-scalar closure (c, ζ, ζ_N) of the failure case p ∈ {0, 1}, N = rK + 1, from zero (spec §5):
+    """The 3-scalar closure (c, ζ, ζ_N) of the failure case p ∈ {0, 1}, N = rK + 1, from zero (docs/random_walk.md §5):
     v = c·1, z_k = ζ (k < N), z_N = ζ_N, so f_y = (N − 1)s·c for every sequence; returns (steps + 1, 3)."""
     if not problem.failure_case:
         raise ValueError(f"the closure needs p in {{0, 1}} and N = rK + 1, got p={problem.p}, N={problem.N}, "
@@ -373,14 +373,14 @@ def _unit(x):
 
 
 def claim3_direction(K: int, p: float) -> np.ndarray:
-    """v of Πᵀ: v[1] = p, v[−1] = 1 − p (the target of the paper's claim 3, spec §3)."""
+    """v of Πᵀ: v[1] = p, v[−1] = 1 − p (the target of the paper's claim 3, docs/random_walk.md §3)."""
     v = np.zeros(K)
     v[1], v[-1] = p, 1 - p
     return v
 
 
 def sqrt_law_direction(K: int, p: float) -> np.ndarray:
-    """v[1] = √p, v[−1] = √(1 − p): the direction V actually converges to (spec §6, derived)."""
+    """v[1] = √p, v[−1] = √(1 − p): the direction V actually converges to (docs/random_walk.md §6, derived)."""
     v = np.zeros(K)
     v[1], v[-1] = math.sqrt(p), math.sqrt(1 - p)
     return v

@@ -1,10 +1,10 @@
 """Sparse Contextual Bigrams learned by a one-layer linear transformer: the population mathematics.
 
 Paper: Y. Ren, Z. Wang, J. D. Lee, *Learning and Transferring Sparse Contextual Bigrams with Linear Transformers*,
-NeurIPS 2024 (arXiv:2410.23438). "spec §k" numbers the derivation notes behind this module, which reconstruct the
+NeurIPS 2024 (arXiv:2410.23438). "docs/scb.md §k" numbers the derivation notes behind this module, which reconstruct the
 paper (its inline mathematics was lost) and derive every closed form used here; docs/scb.md holds them.
 
-Data (spec §2, eq. 1): x₁…x_T, x_{T+1} i.i.d. ~ μ, the stationary law of the column-stochastic P (Pμ = μ); given
+Data (docs/scb.md §2, eq. 1): x₁…x_T, x_{T+1} i.i.d. ~ μ, the stationary law of the column-stochastic P (Pμ = μ); given
 x_{T+1} = k the label o is one Markov step Pe_{x_s} from a position s ~ q*⁽ᵏ⁾. Model (eq. 2): f = VXq⁽ᵏ⁾, loss
 ½‖e_o − f‖². Notation: D = diag(μ), ‖A‖²_μ = tr(AᵀAD), K_P = ‖P‖²_μ − ‖μ‖², κ = ‖Q*‖²_μ, K_Q = κ − 1/T.
 
@@ -51,7 +51,7 @@ def _stationary_law(P: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SCBProblem:
-    """A Sparse Contextual Bigram task (spec §2): column-stochastic P (N × N) with unique stationary law μ, and a
+    """A Sparse Contextual Bigram task (docs/scb.md §2): column-stochastic P (N × N) with unique stationary law μ, and a
     ``sparsity``-sparse attention pattern Q* (T × N, columns in the simplex)."""
 
     P: np.ndarray
@@ -93,7 +93,7 @@ class SCBProblem:
 
     @classmethod
     def random(cls, N: int, T: int, sparsity: int, *, seed, C: float = 2.0) -> "SCBProblem":
-        """The paper's random instance (spec §11): P with Dirichlet(1) columns, Q* with exactly ``sparsity``
+        """The paper's random instance (docs/scb.md §11): P with Dirichlet(1) columns, Q* with exactly ``sparsity``
         nonzeros per column at random positions, each at least 1/(C·sparsity) (Assumption 2.1(b))."""
         N = check.integer(N, "N", minimum=2)
         T = check.integer(T, "T", minimum=1)
@@ -134,7 +134,7 @@ class SCBProblem:
 
     @cached_property
     def K_P(self) -> float:
-        """K_P = ‖P‖²_μ − ‖μ‖² = ‖P − μ1ᵀ‖²_μ (spec §1)."""
+        """K_P = ‖P‖²_μ − ‖μ‖² = ‖P − μ1ᵀ‖²_μ (docs/scb.md §1)."""
         return mu_norm2(self, self.P) - float(self.mu @ self.mu)
 
     @cached_property
@@ -144,17 +144,17 @@ class SCBProblem:
 
     @cached_property
     def K_Q(self) -> float:
-        """K_Q = κ − 1/T = ‖Q* − (1/T)11ᵀ‖²_μ (spec §1)."""
+        """K_Q = κ − 1/T = ‖Q* − (1/T)11ᵀ‖²_μ (docs/scb.md §1)."""
         return self.kappa - 1.0 / self.T
 
     @cached_property
     def epsilon(self) -> float:
-        """ε = 1/(T·K_Q), the Stage-1 drift of the normalised map (spec §8.3)."""
+        """ε = 1/(T·K_Q), the Stage-1 drift of the normalised map (docs/scb.md §8.3)."""
         return 1.0 / (self.T * self.K_Q)
 
     @cached_property
     def bayes_risk(self) -> float:
-        """R* = ½(1 − ‖μ‖² − κK_P) = R(P, Q*) (spec §4)."""
+        """R* = ½(1 − ‖μ‖² − κK_P) = R(P, Q*) (docs/scb.md §4)."""
         return 0.5 * (1.0 - float(self.mu @ self.mu) - self.kappa * self.K_P)
 
     @cached_property
@@ -163,7 +163,7 @@ class SCBProblem:
         return 0.5 * (1.0 - float(self.mu @ self.mu))
 
     def initial_point(self) -> tuple[np.ndarray, np.ndarray]:
-        """(V₀, Q₀) = (μ1ᵀ, (1/T)11ᵀ) (spec §3)."""
+        """(V₀, Q₀) = (μ1ᵀ, (1/T)11ᵀ) (docs/scb.md §3)."""
         return np.outer(self.mu, np.ones(self.N)), np.full((self.T, self.N), 1.0 / self.T)
 
 
@@ -185,7 +185,7 @@ def _check_Q(problem, Q):
 
 
 def attention_statistics(problem: SCBProblem, Q) -> dict:
-    """a = ‖Q‖²_μ, b = <Q*, Q>_μ, ū = Σμ_k u_k, ū₂ = Σμ_k u_k², u_k = 1ᵀq⁽ᵏ⁾ (spec §4)."""
+    """a = ‖Q‖²_μ, b = <Q*, Q>_μ, ū = Σμ_k u_k, ū₂ = Σμ_k u_k², u_k = 1ᵀq⁽ᵏ⁾ (docs/scb.md §4)."""
     Q = _check_Q(problem, Q)
     u = Q.sum(axis=0)
     return dict(a=mu_norm2(problem, Q), b=mu_inner(problem, problem.Q_star, Q), u_bar=float(problem.mu @ u),
@@ -193,7 +193,7 @@ def attention_statistics(problem: SCBProblem, Q) -> dict:
 
 
 def value_statistics(problem: SCBProblem, V) -> dict:
-    """n_V = ‖V‖²_μ, m_V = ‖Vμ‖², p_V = <V, P>_μ, r_V = <Vμ, μ>, A_V = n_V − m_V, B_V = p_V − r_V (spec §4)."""
+    """n_V = ‖V‖²_μ, m_V = ‖Vμ‖², p_V = <V, P>_μ, r_V = <Vμ, μ>, A_V = n_V − m_V, B_V = p_V − r_V (docs/scb.md §4)."""
     V = _check_V(problem, V)
     mu = problem.mu
     n_V, m_V = mu_norm2(problem, V), float((V @ mu) @ (V @ mu))
@@ -202,14 +202,14 @@ def value_statistics(problem: SCBProblem, V) -> dict:
 
 
 def population_risk(problem: SCBProblem, V, Q) -> float:
-    """R(V, Q) = ½ − [b p_V + (ū − b) r_V] + ½[a n_V + (ū₂ − a) m_V], for all V, Q (spec §4)."""
+    """R(V, Q) = ½ − [b p_V + (ū − b) r_V] + ½[a n_V + (ū₂ − a) m_V], for all V, Q (docs/scb.md §4)."""
     s, v = attention_statistics(problem, Q), value_statistics(problem, V)
     return (0.5 - (s["b"] * v["p_V"] + (s["u_bar"] - s["b"]) * v["r_V"])
             + 0.5 * (s["a"] * v["n_V"] + (s["u2_bar"] - s["a"]) * v["m_V"]))
 
 
 def raw_gradients(problem: SCBProblem, V, Q) -> tuple[np.ndarray, np.ndarray]:
-    """E∇_V ℓ and E∇_Q ℓ (Lemma B.7, spec §7), valid for all V, Q:
+    """E∇_V ℓ and E∇_Q ℓ (Lemma B.7, docs/scb.md §7), valid for all V, Q:
         E∇_V = V(aD + (ū₂ − a)μμᵀ) − P(bD + (ū − b)μμᵀ),
         E∇_Q = [A_V Q − B_V Q* + 1_T(m_V u − r_V 1_N)ᵀ] D."""
     V, Q = _check_V(problem, V), _check_Q(problem, Q)
@@ -224,7 +224,7 @@ def raw_gradients(problem: SCBProblem, V, Q) -> tuple[np.ndarray, np.ndarray]:
 
 def preconditioned_gradients(problem: SCBProblem, V, Q) -> tuple[np.ndarray, np.ndarray]:
     """G_V = E∇_V(D⁻¹ − 11ᵀ) = aV(I − μ1ᵀ) − b(P − μ1ᵀ) and G_Q = (I − 11ᵀ/T)E∇_Q D⁻¹
-    = A_V(Q − (1/T)1uᵀ) − B_V(Q* − (1/T)11ᵀ) (Lemma B.8, spec §7; eq. 4), valid for all V, Q."""
+    = A_V(Q − (1/T)1uᵀ) − B_V(Q* − (1/T)11ᵀ) (Lemma B.8, docs/scb.md §7; eq. 4), valid for all V, Q."""
     V, Q = _check_V(problem, V), _check_Q(problem, Q)
     s, v = attention_statistics(problem, Q), value_statistics(problem, V)
     N, T, mu = problem.N, problem.T, problem.mu
@@ -234,13 +234,13 @@ def preconditioned_gradients(problem: SCBProblem, V, Q) -> tuple[np.ndarray, np.
 
 
 # ==================================================================================================
-# Reduced coordinates and maps (spec §8)
+# Reduced coordinates and maps (docs/scb.md §8)
 # ==================================================================================================
 
 
 def reduced_coordinates(problem: SCBProblem, V, Q) -> dict:
     """α_V, α_Q (μ-least-squares projections on the two lines), the residuals ΔV, ΔQ and e_V = ‖ΔV‖²_μ,
-    e_Q = ‖ΔQ‖²_μ (Lemma C.1, spec §8.1)."""
+    e_Q = ‖ΔQ‖²_μ (Lemma C.1, docs/scb.md §8.1)."""
     V, Q = _check_V(problem, V), _check_Q(problem, Q)
     V_dir = problem.P - np.outer(problem.mu, np.ones(problem.N))
     Q_dir = problem.Q_star - 1.0 / problem.T
@@ -254,14 +254,14 @@ def reduced_coordinates(problem: SCBProblem, V, Q) -> dict:
 
 
 def line_point(problem: SCBProblem, alpha_V: float, alpha_Q: float) -> tuple[np.ndarray, np.ndarray]:
-    """(V, Q) = (μ1ᵀ + α_V(P − μ1ᵀ), (1/T)11ᵀ + α_Q(Q* − (1/T)11ᵀ)): the invariant line of spec §8.3."""
+    """(V, Q) = (μ1ᵀ + α_V(P − μ1ᵀ), (1/T)11ᵀ + α_Q(Q* − (1/T)11ᵀ)): the invariant line of docs/scb.md §8.3."""
     V0, Q0 = problem.initial_point()
     return V0 + alpha_V * (problem.P - V0), Q0 + alpha_Q * (problem.Q_star - Q0)
 
 
 @njit(cache=True)
 def line_map_step(k, x, params):
-    """The 2-D population map on the line (eq. 7, spec §8.3); params = (η_V, η_Q, K_P, K_Q, T):
+    """The 2-D population map on the line (eq. 7, docs/scb.md §8.3); params = (η_V, η_Q, K_P, K_Q, T):
         α_V⁺ = α_V + η_V[(1 − α_V)/T + K_Q α_Q(1 − α_Vα_Q)],   α_Q⁺ = α_Q + η_Q K_P α_V(1 − α_Vα_Q)."""
     eta_V, eta_Q, K_P, K_Q, T = params[0], params[1], params[2], params[3], params[4]
     a_V, a_Q = x[0], x[1]
@@ -274,7 +274,7 @@ def line_map_step(k, x, params):
 
 @njit(cache=True)
 def closure_map_step(k, x, params):
-    """The exact 4-scalar population map off the line, λ = 0 (Lemmas C.5–C.6, spec §8.2); x = (α_V, α_Q, e_V, e_Q):
+    """The exact 4-scalar population map off the line, λ = 0 (Lemmas C.5–C.6, docs/scb.md §8.2); x = (α_V, α_Q, e_V, e_Q):
         a = 1/T + α_Q²K_Q + e_Q, b = 1/T + α_QK_Q, A_V = α_V²K_P + e_V, B_V = α_VK_P,
         α_V⁺ = α_V − η_V(aα_V − b), α_Q⁺ = α_Q − η_Q(A_Vα_Q − B_V), e_V⁺ = (1 − η_Va)²e_V, e_Q⁺ = (1 − η_QA_V)²e_Q."""
     eta_V, eta_Q, K_P, K_Q, T = params[0], params[1], params[2], params[3], params[4]
@@ -293,7 +293,7 @@ def closure_map_step(k, x, params):
 
 @njit(cache=True)
 def normalised_flow_rhs(t, x, params):
-    """Gradient-flow limit in τ = ηt with η_V = η/K_Q, η_Q = η/K_P (spec §8.3); params[0] = ε = 1/(TK_Q):
+    """Gradient-flow limit in τ = ηt with η_V = η/K_Q, η_Q = η/K_P (docs/scb.md §8.3); params[0] = ε = 1/(TK_Q):
         dα_V/dτ = α_Q(1 − α_Vα_Q) + ε(1 − α_V),   dα_Q/dτ = α_V(1 − α_Vα_Q)."""
     eps = params[0]
     gap = 1.0 - x[0] * x[1]
@@ -310,7 +310,7 @@ def pack_line_params(problem: SCBProblem, eta_V: float, eta_Q: float) -> np.ndar
 
 
 def reduced_risk(problem: SCBProblem, alpha_V: float, alpha_Q: float, e_V: float = 0.0, e_Q: float = 0.0) -> float:
-    """R = R* + (K_P/2)[(1 − α_V)²/T + K_Q(1 − α_Vα_Q)²] + ½(a e_V + α_V²K_P e_Q) on 𝒱 × 𝒬 (spec §8.2)."""
+    """R = R* + (K_P/2)[(1 − α_V)²/T + K_Q(1 − α_Vα_Q)²] + ½(a e_V + α_V²K_P e_Q) on 𝒱 × 𝒬 (docs/scb.md §8.2)."""
     K_P, K_Q, T = problem.K_P, problem.K_Q, problem.T
     a = 1.0 / T + alpha_Q**2 * K_Q + e_Q
     return (problem.bayes_risk + 0.5 * K_P * ((1 - alpha_V) ** 2 / T + K_Q * (1 - alpha_V * alpha_Q) ** 2)
@@ -318,17 +318,17 @@ def reduced_risk(problem: SCBProblem, alpha_V: float, alpha_Q: float, e_V: float
 
 
 def least_squares_V(problem: SCBProblem, Q) -> np.ndarray:
-    """V_LS(Q) = μ1ᵀ + (b/a)(P − μ1ᵀ): the population-optimal V for a fixed Q with 1ᵀQ = 1ᵀ (spec §8.6)."""
+    """V_LS(Q) = μ1ᵀ + (b/a)(P − μ1ᵀ): the population-optimal V for a fixed Q with 1ᵀQ = 1ᵀ (docs/scb.md §8.6)."""
     Q = _check_Q(problem, Q)
     if np.abs(Q.sum(axis=0) - 1).max() > 1e-8:
-        raise ValueError("Q must have columns summing to 1 for the least-squares V of spec §8.6")
+        raise ValueError("Q must have columns summing to 1 for the least-squares V of docs/scb.md §8.6")
     s = attention_statistics(problem, Q)
     V0 = np.outer(problem.mu, np.ones(problem.N))
     return V0 + s["b"] / s["a"] * (problem.P - V0)
 
 
 def related_transition(problem: SCBProblem, rho: float, *, seed, noise: float = 0.1) -> np.ndarray:
-    """A pretrained value layer from a related task (spec §6, transfer): P̃ = μ1ᵀ + ρ(P − μ1ᵀ) + Δ, with Δ a
+    """A pretrained value layer from a related task (docs/scb.md §6, transfer): P̃ = μ1ᵀ + ρ(P − μ1ᵀ) + Δ, with Δ a
     Gaussian (scale ``noise``) projected so that 1ᵀP̃ = 1ᵀ and P̃μ = μ. Its overlap <P̃ − μ1ᵀ, P − μ1ᵀ>_μ is
     ρK_P plus a term of size ``noise``."""
     rho = check.real(rho, "rho", minimum=0.0, strict=True, maximum=1.0)
@@ -342,7 +342,7 @@ def related_transition(problem: SCBProblem, rho: float, *, seed, noise: float = 
 
 
 def stage1_duration(problem: SCBProblem, eta: float, c: float = 0.1) -> dict:
-    """Predicted Stage-1 duration (spec §8.4): τ₁ = log(2c/ε) in normalised time and
+    """Predicted Stage-1 duration (docs/scb.md §8.4): τ₁ = log(2c/ε) in normalised time and
     t₁ ≈ log(1 + 2cTK_Q)/log(1 + η) steps of the normalised map."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     c = check.real(c, "c", minimum=0.0, strict=True)
@@ -350,13 +350,13 @@ def stage1_duration(problem: SCBProblem, eta: float, c: float = 0.1) -> dict:
 
 
 def slow_mode_rate(problem: SCBProblem) -> float:
-    """The slow eigenvalue at (1, 1) of the normalised flow, (−(2 + ε) + √(4 + ε²))/2 ≈ −ε/2 (spec §8.4)."""
+    """The slow eigenvalue at (1, 1) of the normalised flow, (−(2 + ε) + √(4 + ε²))/2 ≈ −ε/2 (docs/scb.md §8.4)."""
     eps = problem.epsilon
     return (-(2 + eps) + math.sqrt(4 + eps * eps)) / 2
 
 
 # ==================================================================================================
-# The full-matrix population (proximal) map and the proximal 4-scalar family (spec §5, §7, §8.5)
+# The full-matrix population (proximal) map and the proximal 4-scalar family (docs/scb.md §5, §7, §8.5)
 # ==================================================================================================
 
 
@@ -408,7 +408,7 @@ def _population_map_kernel(V, Q, P, Q_star, mu, eta_V, eta_Q, lam):
 
 
 def population_map_step(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, lam: float = 0.0):
-    """One step of the population (proximal) map in full matrix form (spec §7):
+    """One step of the population (proximal) map in full matrix form (docs/scb.md §7):
     V⁺ = V − η_V G_V,  Q⁺ = Π_aff(S_{η_Qλ}(Q − η_Q G_Q))."""
     V, Q = _check_V(problem, V), _check_Q(problem, Q)
     eta_V = check.real(eta_V, "eta_V", minimum=0.0, strict=True)
@@ -426,7 +426,7 @@ def population_map(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, lam: f
 
 
 def relative_distance(problem: SCBProblem, state, reference) -> float:
-    """√(‖V − V_ref‖²_μ/K_P + ‖Q − Q_ref‖²_μ/K_Q): the distance of two (V, Q) pairs in the units of spec §13 #16."""
+    """√(‖V − V_ref‖²_μ/K_P + ‖Q − Q_ref‖²_μ/K_Q): the distance of two (V, Q) pairs in the units of docs/scb.md §13 #16."""
     (V, Q), (V_ref, Q_ref) = state, reference
     return math.sqrt(mu_norm2(problem, np.asarray(V) - V_ref) / problem.K_P
                      + mu_norm2(problem, np.asarray(Q) - Q_ref) / problem.K_Q)
@@ -445,7 +445,7 @@ def off_support_spread(problem: SCBProblem, Q) -> float:
 
 
 def transfer_start(problem: SCBProblem, P_tilde, gamma: float) -> tuple[np.ndarray, np.ndarray]:
-    """(V₀, Q₀) = (μ1ᵀ + γ(P̃ − μ1ᵀ), (1/T)11ᵀ): the transfer initialisation of spec §6 (needs P̃μ = μ)."""
+    """(V₀, Q₀) = (μ1ᵀ + γ(P̃ − μ1ᵀ), (1/T)11ᵀ): the transfer initialisation of docs/scb.md §6 (needs P̃μ = μ)."""
     P_tilde = check.finite_array(P_tilde, "P_tilde", shape=(problem.N, problem.N))
     if np.abs(P_tilde @ problem.mu - problem.mu).max() > 1e-9:
         raise ValueError("P_tilde must have the task's stationary law: P_tilde @ mu == mu")
@@ -463,7 +463,7 @@ def transfer_overlap(problem: SCBProblem, P_tilde) -> float:
 
 def transfer_step_size(problem: SCBProblem, P_tilde, gamma: float) -> float:
     """η₀ = 1/(γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ): the Q-step that lands the population exactly at α_Q = 1 (Theorem 4.1,
-    spec §13 #12)."""
+    docs/scb.md §13 #12)."""
     gamma = check.real(gamma, "gamma", minimum=0.0, strict=True, maximum=1.0)
     overlap = transfer_overlap(problem, P_tilde)
     if overlap <= 0:
@@ -473,7 +473,7 @@ def transfer_step_size(problem: SCBProblem, P_tilde, gamma: float) -> float:
 
 def proximal_family_step(problem: SCBProblem, state, eta_V: float, eta_Q: float, lam: float) -> np.ndarray:
     """One population proximal step on the closed family q⁽ᵏ⁾ = ξq*⁽ᵏ⁾ + b₀1 + b_S1_{S_k}, V on its line
-    (spec §8.5); state = (α_V, ξ, b₀, b_S). Needs every column of Q* to have exactly ``sparsity`` nonzeros and
+    (docs/scb.md §8.5); state = (α_V, ξ, b₀, b_S). Needs every column of Q* to have exactly ``sparsity`` nonzeros and
     every support entry to stay above the threshold (checked)."""
     if np.any((problem.Q_star > 0).sum(axis=0) != problem.sparsity):
         raise ValueError("the proximal family needs exactly `sparsity` nonzeros in every column of Q_star")

@@ -1,6 +1,6 @@
 """sympy derivations that cross-check the numba kernels and print LaTeX (``attnflow solve SYSTEM --latex``).
 
-SCB (spec §8.2–8.3): starting from the reduced risk on the two lines,
+SCB (docs/scb.md §8.2–8.3): starting from the reduced risk on the two lines,
     R(α_V, α_Q) = R* + (K_P/2)[(1 − α_V)²/T + K_Q(1 − α_Vα_Q)²],
 the preconditioned gradient step α_V ← α_V − (η_V/K_P)∂R/∂α_V, α_Q ← α_Q − (η_Q/K_Q)∂R/∂α_Q is derived
 symbolically; tests compare it with ``attnflow.closed_forms.scb.line_map_step`` and the normalised flow.

@@ -82,7 +82,7 @@ def monte_carlo_risk(problem: GDBetaProblem, predict, n: int, *, seed: SeedLike,
 
 
 def bayes_risk(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, chunk: int = 20_000) -> MonteCarloMean:
-    """Bayes risk σ² + E_X tr(Σ(I + X̃ᵀX̃/σ²)⁻¹) (Lemma 6.1, spec §7), averaging over contexts X only.
+    """Bayes risk σ² + E_X tr(Σ(I + X̃ᵀX̃/σ²)⁻¹) (Lemma 6.1, docs/gd_beta.md §7), averaging over contexts X only.
 
     The conditional expectation over β, ε, x_q is exact, so the standard error is small (spec: 4·10⁴
     contexts give ~10⁻³ relative).
@@ -111,7 +111,7 @@ def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_e
                           n_points: int = 200, rtol: float = 1e-10, atol: float = 1e-13) -> Trajectory:
     """Gradient flow (6.1) on the population risk from (β₀, Γ) (default (0, 0): GD-0 with zero step).
 
-    ``t_end`` defaults to 30 / (slowest local rate) (spec §10: long enough to converge to ~1e-8). Output at
+    ``t_end`` defaults to 30 / (slowest local rate) (docs/gd_beta.md §10: long enough to converge to ~1e-8). Output at
     ``n_points`` times, log-spaced after t = 0 so both the transient and the exponential tail are resolved.
 
     Metrics: ``risk`` (closed form), ``excess_risk`` (R − R*), ``beta_error`` ‖β₀ − β₀(∞)‖ and
@@ -381,7 +381,7 @@ class _AttentionModel:
 
 
 class _ReducedAttentionModel(_AttentionModel):
-    """The LTB (LSA without c) in its reduced coordinates (c, a, b, Q, q) of spec §2.1: everything of the block
+    """The LTB (LSA without c) in its reduced coordinates (c, a, b, Q, q) of docs/gd_beta.md §2.1: everything of the block
     that reaches the output, as in the spec's SGD experiment (§10). It is the factorised model with
     U = e_{d+1}(cᵀ, 0), V = e_{d+1}(aᵀ, b), K = [[Q, ·], [qᵀ, ·]], so the same gradient kernel serves."""
 
@@ -439,7 +439,7 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
                          value_init: str = "label_copy") -> Trajectory:
     """Train ``model`` on fresh prompts: one new batch per step.
 
-    Models: ``gd_beta`` (β₀, Γ); ``ltb`` / ``lsa`` in the reduced coordinates (c, a, b, Q, q) of spec §2.1;
+    Models: ``gd_beta`` (β₀, Γ); ``ltb`` / ``lsa`` in the reduced coordinates (c, a, b, Q, q) of docs/gd_beta.md §2.1;
     ``ltb_weights`` / ``lsa_weights`` with the six (four) weight matrices of (3.3) themselves. The factorised
     parameterisation is non-convex in a way the reduced one is not: from small random initialisations some
     seeds stall near b ≈ 0 (the value row stops reading the labels), see docs/gd_beta.md.
@@ -450,9 +450,9 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
     spurious local minimum on b = 0 (claim ``gd_beta.ltb_spurious_minimum``). Factorised weights start at
     N(0, init_scale²) entrywise.
 
-    The paper's experiment trains with Adam on a fresh batch of tasks every step (spec §10); plain SGD is
+    The paper's experiment trains with Adam on a fresh batch of tasks every step (docs/gd_beta.md §10); plain SGD is
     available as ``optimizer="sgd"``. The learning rate decays by a cosine to 1% of ``lr``. The recorded
-    ``risk`` is the *exact* population risk of the current parameters (closed form, spec §3 and §6), so the
+    ``risk`` is the *exact* population risk of the current parameters (closed form, docs/gd_beta.md §3 and §6), so the
     only randomness in it is that of training; ``batch_loss`` is the minibatch loss.
 
     Raises ``DivergenceError`` naming the step if the loss or a parameter stops being finite.

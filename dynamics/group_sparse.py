@@ -1,10 +1,10 @@
 """Group-sparse classification: full-model GD on Monte-Carlo samples, and the position-only (β, α) map.
 
-Full model (spec §2): v ∈ R^{d+D}, W ∈ R^{(d+D)×(d+D)}, tokens h_j = [x_j; e_j]. Per sample (spec §5):
+Full model (docs/group_sparse.md §2): v ∈ R^{d+D}, W ∈ R^{(d+D)×(d+D)}, tokens h_j = [x_j; e_j]. Per sample (docs/group_sparse.md §5):
 u_k = vᵀh_k, S_{kj} = softmax_k(h_kᵀWh_j), c_k = Σ_j S_{kj}, f = Σ_k c_k u_k, q = −yσ(−yf),
 ∇_v l = q Σ_k c_k h_k, ∇_W l = Σ_{k,j} A_{kj} h_k h_jᵀ with A_{kj} = q S_{kj}(u_k − ū_j), ū_j = Σ_m S_{mj}u_m.
 ``symmetrise`` adds the sign-flipped copy (−X, −y) of every sample, which makes v₂ = 0, W₁₂ = W₂₁ = 0 and the
-W₂₂ column sums hold to round-off (spec §5).
+W₂₂ column sums hold to round-off (docs/group_sparse.md §5).
 """
 from __future__ import annotations
 
@@ -153,10 +153,10 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
                        n_records: int = 30, n_eval: int = 2000) -> Trajectory:
     """GD on (v, W) from zero with Monte-Carlo samples: a fresh batch every step (``fresh``: stochastic
     approximation of population GD) or one fixed training set of ``batch_size`` samples (the paper's finite-n
-    runs). ``position_only`` trains v and W₂₂ only (spec §6's sub-model).
+    runs). ``position_only`` trains v and W₂₂ only (docs/group_sparse.md §6's sub-model).
 
     Records at ``n_records`` log-spaced steps: β = <v₁, v*>, cos(v₁, v*), the training loss, the mean attention on
-    j* over a held-out set of ``n_eval`` samples, and the symmetry residuals of spec §5.
+    j* over a held-out set of ``n_eval`` samples, and the symmetry residuals of docs/group_sparse.md §5.
     """
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     steps = check.integer(steps, "steps", minimum=1)
@@ -202,7 +202,7 @@ def _position_only_loop(x0, n_steps, record_steps, params, blowup):
 
 def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, n_records: int = 60,
                              record_steps=None) -> Trajectory:
-    """The (β, α) map of spec §6 from (0, 0) through the integrator engine; records β, α, s*, L."""
+    """The (β, α) map of docs/group_sparse.md §6 from (0, 0) through the integrator engine; records β, α, s*, L."""
     steps = check.integer(steps, "steps", minimum=1)
     record = (np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
               if record_steps is None else np.asarray(record_steps, int))
@@ -233,12 +233,12 @@ def position_only_flow(problem: GroupSparseProblem, times, *, rtol: float = 1e-8
 
 
 # ==================================================================================================
-# Downstream fine-tuning (spec §4)
+# Downstream fine-tuning (docs/group_sparse.md §4)
 # ==================================================================================================
 
 
 def sample_downstream(problem: GroupSparseProblem, u_star, gamma: float, n: int, rng: np.random.Generator):
-    """Downstream data (spec §4): x_j ~ N(0, σ_x²I_d), except that the relevant group's component along u* is
+    """Downstream data (docs/group_sparse.md §4): x_j ~ N(0, σ_x²I_d), except that the relevant group's component along u* is
     drawn from N(0, σ_x²) conditioned on |t| >= γ; the label is sign(t), so y<u*, x_{j*}> >= γ almost surely."""
     from scipy.special import ndtr, ndtri
 
@@ -280,7 +280,7 @@ def _online_sgd(X, y, v, W, eta, train_W):
 
 
 def fine_tune(problem: GroupSparseProblem, W_pretrained, X, y, eta: float = 1.0, *, train_W: bool = False):
-    """One pass of online SGD over (X, y) from v = 0 and the pre-trained W (spec §4); returns (v, W).
+    """One pass of online SGD over (X, y) from v = 0 and the pre-trained W (docs/group_sparse.md §4); returns (v, W).
 
     Which parameters the paper fine-tunes is unverified. We train v alone by default: the model is then linear in
     its d + D parameters, the count in the theorem's O((d + D)/n) bound. ``train_W=True`` also moves W; with a
@@ -334,7 +334,7 @@ def linear_error(X, y, w) -> float:
 
 
 def population(problem: GroupSparseProblem, *, eta: float = 1.0, steps: int = 6000, n_records: int = 60) -> Trajectory:
-    """The position-only (β, α) map of spec §6 from (0, 0): :func:`position_only_trajectory`."""
+    """The position-only (β, α) map of docs/group_sparse.md §6 from (0, 0): :func:`position_only_trajectory`."""
     return position_only_trajectory(problem, eta, steps, n_records=n_records)
 
 

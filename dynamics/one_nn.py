@@ -42,7 +42,7 @@ def _sphere(rng, shape):
 
 
 def sample_prompts(problem: OneNNProblem, n: int, rng: np.random.Generator) -> Prompts:
-    """x_j, x_q uniform on S^{d−1}; labels i.i.d. Rademacher (spec §1 default)."""
+    """x_j, x_q uniform on S^{d−1}; labels i.i.d. Rademacher (docs/one_nn.md §1 default)."""
     X = _sphere(rng, (n, problem.N, problem.d))
     x_query = _sphere(rng, (n, problem.d))
     y = rng.choice(np.array([-1.0, 1.0]), size=(n, problem.N))
@@ -50,7 +50,7 @@ def sample_prompts(problem: OneNNProblem, n: int, rng: np.random.Generator) -> P
 
 
 def token_matrices(prompts: Prompts) -> np.ndarray:
-    """H = [[x_1 … x_N, x_q], [y_1 … y_N, 0], [0 … 0, 1]] ∈ R^{(d+2)×(N+1)} per prompt (spec §2)."""
+    """H = [[x_1 … x_N, x_q], [y_1 … y_N, 0], [0 … 0, 1]] ∈ R^{(d+2)×(N+1)} per prompt (docs/one_nn.md §2)."""
     n, N, d = prompts.X.shape
     H = np.zeros((n, d + 2, N + 1))
     H[:, :d, :N] = np.swapaxes(prompts.X, 1, 2)
@@ -61,14 +61,14 @@ def token_matrices(prompts: Prompts) -> np.ndarray:
 
 
 def manifold_weight(d: int, xi1: float, xi2: float) -> np.ndarray:
-    """W = diag(ξ₁ I_d, 0, −ξ₂) (spec §4). Finite values only: the raw model multiplies W by zeros."""
+    """W = diag(ξ₁ I_d, 0, −ξ₂) (docs/one_nn.md §4). Finite values only: the raw model multiplies W by zeros."""
     xi1 = check.real(float(xi1), "xi1")
     xi2 = check.real(float(xi2), "xi2")
     return np.diag(np.concatenate([np.full(d, xi1), [0.0, -xi2]]))
 
 
 def per_prompt_loss_and_gradient(prompts: Prompts, W: np.ndarray):
-    """Raw definitions (spec §2-3): logits z = HᵀWh_q over all N+1 columns, S = softmax(z), f = [y, 0]·S,
+    """Raw definitions (docs/one_nn.md §2-3): logits z = HᵀWh_q over all N+1 columns, S = softmax(z), f = [y, 0]·S,
     loss = ½(f − y_{i*})², and ∂loss/∂W = Σ_m g_m h_m h_qᵀ with g_m = (f − y_{i*}) S_m (y_m − f), y_q = 0.
 
     Returns (loss (n,), gradient (n, d+2, d+2)).
@@ -91,7 +91,7 @@ def per_prompt_loss_and_gradient(prompts: Prompts, W: np.ndarray):
 
 def monte_carlo_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, *, seed: SeedLike,
                      chunk: int = 20_000) -> dict[str, MonteCarloMean]:
-    """Brute-force MC of L, ∂L/∂ξ₁ = tr(∂L/∂W₁₁) and ∂L/∂ξ₂ = −∂L/∂W₃₃ at W = diag(ξ₁I, 0, −ξ₂) (spec §4)."""
+    """Brute-force MC of L, ∂L/∂ξ₁ = tr(∂L/∂W₁₁) and ∂L/∂ξ₂ = −∂L/∂W₃₃ at W = diag(ξ₁I, 0, −ξ₂) (docs/one_nn.md §4)."""
     n = check.integer(n, "n", minimum=2)
     d = problem.d
     W = manifold_weight(d, xi1, xi2)
@@ -153,7 +153,7 @@ def _with_losses(problem, times, states, resolution, info):
 
 def reduced_trajectory(problem: OneNNProblem, eta: float, steps: int, *, n_records: int = 100,
                        resolution: cf.Resolution = cf.DYNAMICS_RESOLUTION) -> Trajectory:
-    """Reduced GD (spec §4) from (ξ₁, ξ₂) = (0, σ) for ``steps`` steps of size η, recorded at ``n_records``
+    """Reduced GD (docs/one_nn.md §4) from (ξ₁, ξ₂) = (0, σ) for ``steps`` steps of size η, recorded at ``n_records``
     log-spaced steps; the loss and gradient at the recorded points come from the same quadrature, whose grid
     grows with ξ₁ (:class:`attnflow.closed_forms.one_nn.Resolution`)."""
     steps = check.integer(steps, "steps", minimum=1)
@@ -189,7 +189,7 @@ def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size
     """GD on the full W ∈ R^{(d+2)×(d+2)} from diag(0, …, 0, −σ), each step on a fresh batch of prompts.
 
     Records ξ₁ = tr(W₁₁)/d, ξ₂ = −W₃₃, the distance from the manifold ‖W − P(W)‖_F (P: projection onto
-    diag(ξ₁I, 0, −ξ₂)) and the label→indicator entry W[d, d+1] whose instability spec §4 describes.
+    diag(ξ₁I, 0, −ξ₂)) and the label→indicator entry W[d, d+1] whose instability docs/one_nn.md §4 describes.
     Raises DivergenceError naming the step if W stops being finite.
     """
     d = problem.d
@@ -221,12 +221,12 @@ def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size
 
 
 # ==================================================================================================
-# Distribution shift (spec §8-9)
+# Distribution shift (docs/one_nn.md §8-9)
 # ==================================================================================================
 
 
 def sample_shifted_prompts(problem: OneNNProblem, n: int, delta: float, rng) -> tuple[Prompts, np.ndarray]:
-    """The shifted test recipe of spec §9: x_i uniform, y_i ~ N(0, 1); i* uniform in [N], x_q = x_{i*}; every
+    """The shifted test recipe of docs/one_nn.md §9: x_i uniform, y_i ~ N(0, 1); i* uniform in [N], x_q = x_{i*}; every
     other x_j with ‖x_j − x_q‖² <= δ is replaced by −x_j, so all of them satisfy the margin
     ‖x_j − x_q‖² >= ‖x_{i*} − x_q‖² + δ. Returns the prompts and i*."""
     delta = check.real(delta, "delta", minimum=0.0, strict=True)
@@ -244,7 +244,7 @@ def sample_shifted_prompts(problem: OneNNProblem, n: int, delta: float, rng) -> 
 
 def shifted_test_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, delta: float, *, seed: SeedLike):
     """Test loss ½E(f − y_{i*})² on shifted prompts at W = diag(ξ₁I, 0, −ξ₂), and the mean of the per-prompt
-    mechanism bound ½(e^{−ξ₁δ/2} Σ_{j≠i*}|y_j − y_{i*}| + e^{−ξ₂}|y_{i*}|)² (spec §8: S_j/S_{i*} <= e^{−ξ₁δ/2}
+    mechanism bound ½(e^{−ξ₁δ/2} Σ_{j≠i*}|y_j − y_{i*}| + e^{−ξ₂}|y_{i*}|)² (docs/one_nn.md §8: S_j/S_{i*} <= e^{−ξ₁δ/2}
     for j ≠ i*, S_q/S_{i*} = e^{−ξ₂}). Returns (loss, bound) as MonteCarloMeans."""
     (rng,) = generators(seed, 1)
     prompts, nearest = sample_shifted_prompts(problem, n, delta, rng)

@@ -1,6 +1,6 @@
 """Random-walk transformer: the reduced map through the integrator engine, and full (V, W) gradient descent.
 
-The reduced map (spec §4) runs on (v, z) with expectations over step paths (exact enumeration or Monte Carlo);
+The reduced map (docs/random_walk.md §4) runs on (v, z) with expectations over step paths (exact enumeration or Monte Carlo);
 the full model trains V ∈ R^{K×K} and W ∈ R^{(K+M)×(K+M)} on explicit token sequences with weights: all K·2^{N−1}
 sequences with their probabilities (the exact population gradient) or n sampled sequences (a training set).
 """
@@ -44,7 +44,7 @@ def _record_steps(steps: int, n_records: int | None) -> np.ndarray:
 
 def reduced_trajectory(problem: RandomWalkProblem, paths: Paths, steps: int, *, n_records: int | None = None,
                        eval_paths: Paths | None = None, x0=None, record_steps=None) -> Trajectory:
-    """Reduced GD (spec §4) from v = 0, z = 0 (or ``x0`` = (v, z)); expectations over ``paths``.
+    """Reduced GD (docs/random_walk.md §4) from v = 0, z = 0 (or ``x0`` = (v, z)); expectations over ``paths``.
 
     Records v, z, the loss, the parent attention S_{N−1}, the query weight S_N and the accuracy (on
     ``eval_paths``, by default the training paths) at every step, at ``n_records`` log-spaced steps, or at the

@@ -1,6 +1,6 @@
 """Sparse Contextual Bigram: a streaming minibatch sampler and Algorithm 1 on real minibatches.
 
-Samples are drawn inside numba kernels from the seeded numba generator and consumed at once (spec §2: positions
+Samples are drawn inside numba kernels from the seeded numba generator and consumed at once (docs/scb.md §2: positions
 x₁…x_T, x_{T+1} i.i.d. ~ μ, s ~ q*⁽ᵏ⁾, o ~ Pe_{x_s}), so memory stays flat in the batch size and in the number of
 steps. The numba generator is seeded from ``numpy.random.SeedSequence`` at the start of every stage, so a run is
 determined by its seed.
@@ -48,7 +48,7 @@ def _draw(cdf):
 @njit(cache=True)
 def _batch_gradients(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, batch, want_raw):
     """Batch means of the loss, the preconditioned gradients (eq. 4) and, if ``want_raw``, the raw ones, from
-    ``batch`` fresh samples (Lemma B.3 per sample; spec §5's per-sample forms).
+    ``batch`` fresh samples (Lemma B.3 per sample; docs/scb.md §5's per-sample forms).
 
     Per sample: r = e_o − Vy over the tokens present in the context, ∇_V = −r yᵀ (preconditioned:
     −r(D⁻¹y − (1ᵀy)1)ᵀ) and ∇_{q⁽ᵏ⁾} = −XᵀVᵀr = −w[x_t] with w = Vᵀr. The kernel works on Vᵀ and accumulates
@@ -167,7 +167,7 @@ def _line_loop(x0, n_steps, record_steps, params, blowup):
 def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int, x0=(0.0, 0.0)) -> Trajectory:
     """The population map on the line (eq. 7) from (α_V, α_Q) = x0, every step recorded.
 
-    Metrics ``alpha_V``, ``alpha_Q`` and the reduced ``risk`` (spec §8.2) against the step; states ``alpha``
+    Metrics ``alpha_V``, ``alpha_Q`` and the reduced ``risk`` (docs/scb.md §8.2) against the step; states ``alpha``
     (steps + 1, 2)."""
     steps = check.integer(steps, "steps", minimum=0)
     x0 = check.finite_array(x0, "x0", shape=(2,))
@@ -185,7 +185,7 @@ def _flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blow
 
 
 def normalised_flow(epsilon: float, x0, taus, *, rtol: float = 1e-10, atol: float = 1e-13) -> Trajectory:
-    """The normalised gradient flow of spec §8.3 from x0 = (α_V, α_Q) at the times ``taus`` (DOPRI5): metrics
+    """The normalised gradient flow of docs/scb.md §8.3 from x0 = (α_V, α_Q) at the times ``taus`` (DOPRI5): metrics
     ``alpha_V`` and ``alpha_Q`` against τ, states ``alpha`` (n, 2)."""
     epsilon = check.real(epsilon, "epsilon", minimum=0.0)
     sol = solve_dopri5(cf.normalised_flow_rhs, np.asarray(x0, float), taus, [epsilon], t0=0.0, rtol=rtol, atol=atol,
@@ -196,7 +196,7 @@ def normalised_flow(epsilon: float, x0, taus, *, rtol: float = 1e-10, atol: floa
 
 
 # ==================================================================================================
-# Algorithm 1 on real minibatches (spec §6)
+# Algorithm 1 on real minibatches (docs/scb.md §6)
 # ==================================================================================================
 
 
@@ -278,14 +278,14 @@ RECORD_NAMES = ("step", "alpha_V", "alpha_Q", "dist_V", "dist_Q", "colsum_V", "s
 @dataclass(frozen=True)
 class StageSettings:
     """One stage: ``steps`` minibatch steps of size ``batch`` with normalised step η (η_V = η/K_Q, η_Q = η/K_P,
-    spec §5) and ℓ₁ strength λ; ``train_Q=False`` freezes the attention (Stage 3)."""
+    docs/scb.md §5) and ℓ₁ strength λ; ``train_Q=False`` freezes the attention (Stage 3)."""
 
     steps: int
     batch: int
     eta: float
     lam: float = 0.0
     train_Q: bool = True
-    eta_V: float | None = None  # overrides η/K_Q (Stage 3 of spec §11 uses 0.1/K_Q)
+    eta_V: float | None = None  # overrides η/K_Q (Stage 3 of docs/scb.md §11 uses 0.1/K_Q)
 
     def __post_init__(self):
         object.__setattr__(self, "steps", check.integer(self.steps, "steps", minimum=0))
@@ -299,7 +299,7 @@ class StageSettings:
 def _as_trajectory(records: np.ndarray, V, Q, *, boundaries, violations: int, samples: int) -> Trajectory:
     """A Trajectory from kernel records (rows of RECORD_NAMES): the step as time, the other columns as named
     metrics, the final (V, Q) in ``final``, and the stage boundaries, soft-threshold violations (entries below
-    −η_Qλ, spec §13 #4) and samples used in ``info``."""
+    −η_Qλ, docs/scb.md §13 #4) and samples used in ``info``."""
     return Trajectory(times=records[:, 0].copy(),
                       metrics={name: records[:, i].copy() for i, name in enumerate(RECORD_NAMES) if i},
                       final=dict(V=V, Q=Q),
@@ -344,7 +344,7 @@ def _start_matrices(problem: SCBProblem, start) -> tuple[np.ndarray, np.ndarray]
 
 def run_stage(problem: SCBProblem, start, stage: StageSettings, *, seed: SeedLike, offset: int = 0,
               record_every: int = 5) -> Trajectory:
-    """One stage of Algorithm 1 (spec §6) from ``start`` = (V, Q), which is not modified: ``stage.steps``
+    """One stage of Algorithm 1 (docs/scb.md §6) from ``start`` = (V, Q), which is not modified: ``stage.steps``
     preconditioned minibatch steps, projected, with the soft threshold when λ > 0. Steps are counted from
     ``offset``; the final (V, Q) are in ``final``."""
     V, Q = _start_matrices(problem, start)
@@ -356,7 +356,7 @@ def run_stage(problem: SCBProblem, start, stage: StageSettings, *, seed: SeedLik
 
 def rounding_threshold(problem: SCBProblem, alpha_Q: float, C: float = 2.0) -> float:
     """θ₁ = (1 − α_Q)/T + α_Q/(2C·sparsity): midway between an off-support entry and the smallest support entry of
-    the line point at α_Q (spec §13 #10)."""
+    the line point at α_Q (docs/scb.md §13 #10)."""
     return (1 - alpha_Q) / problem.T + alpha_Q / (2 * C * problem.sparsity)
 
 
@@ -371,7 +371,7 @@ def _project_columns(Q: np.ndarray) -> np.ndarray:
 
 
 def round_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
-    """Zero the entries below ``threshold``, then project every column back to 1ᵀq = 1 (spec §6, rounding)."""
+    """Zero the entries below ``threshold``, then project every column back to 1ᵀq = 1 (docs/scb.md §6, rounding)."""
     return _project_columns(np.where(Q < threshold, 0.0, Q))
 
 
@@ -383,7 +383,7 @@ def round_to_supports(problem: SCBProblem, Q) -> np.ndarray:
 
 
 def _normalise_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
-    """q ← q·1{q >= θ₃}/‖q·1{q >= θ₃}‖₁ (Stage 3, spec §6)."""
+    """q ← q·1{q >= θ₃}/‖q·1{q >= θ₃}‖₁ (Stage 3, docs/scb.md §6)."""
     kept = np.where(Q >= threshold, Q, 0.0)
     sums = kept.sum(axis=0)
     if np.any(sums <= 0):
@@ -395,11 +395,11 @@ def _normalise_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
 def run_algorithm1(problem: SCBProblem, stage1: StageSettings, stage2: StageSettings, stage3: StageSettings, *,
                    seed: SeedLike, c1: float | None = None, C: float = 2.0, theta3: float | None = None,
                    least_squares_V: bool = False, record_every: int = 5) -> Trajectory:
-    """Algorithm 1 (spec §6) on real minibatches from V₀ = μ1ᵀ, Q₀ = (1/T)11ᵀ.
+    """Algorithm 1 (docs/scb.md §6) on real minibatches from V₀ = μ1ᵀ, Q₀ = (1/T)11ᵀ.
 
     Stage 1 (λ = 0) → rounding at θ₁ = (1 − c₁)/T + c₁/(2C·sparsity), with c₁ the α_Q reached (an oracle
-    read-out, spec §13 #9–10; pass ``c1`` to fix it) → Stage 2 (λ > 0) → normalisation at θ₃ (default
-    ½·min nonzero of Q*·α_Q, the spec §11 default) → Stage 3 (V alone), or V = V_LS(Q) with ``least_squares_V``.
+    read-out, docs/scb.md §13 #9–10; pass ``c1`` to fix it) → Stage 2 (λ > 0) → normalisation at θ₃ (default
+    ½·min nonzero of Q*·α_Q, the docs/scb.md §11 default) → Stage 3 (V alone), or V = V_LS(Q) with ``least_squares_V``.
     The Trajectory's metrics are RECORD_NAMES[1:] against the step; ``info['boundaries']`` marks the stages.
     """
     if c1 is not None:
@@ -420,7 +420,7 @@ def run_algorithm1(problem: SCBProblem, stage1: StageSettings, stage2: StageSett
 
 def run_sgd(problem: SCBProblem, stage: StageSettings, *, seed: SeedLike, start=None, offset: int = 0,
             record_every: int = 5) -> Trajectory:
-    """The baseline of spec §13 #14: the same preconditioned projected update with λ = 0 and no rounding, from
+    """The baseline of docs/scb.md §13 #14: the same preconditioned projected update with λ = 0 and no rounding, from
     (V₀, Q₀) or from ``start`` = (V, Q) (e.g. the state after a shared Stage 1)."""
     plain = StageSettings(stage.steps, stage.batch, stage.eta, 0.0, True, stage.eta_V)
     return run_stage(problem, start or problem.initial_point(), plain, seed=seed, offset=offset,
@@ -460,13 +460,13 @@ def run_stage1(problem: SCBProblem, stage1: StageSettings, *, seed: SeedLike, re
 
 
 def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
-    """(‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q): the distances of spec §13 #16."""
+    """(‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q): the distances of docs/scb.md §13 #16."""
     return (math.sqrt(cf.mu_norm2(problem, np.asarray(V) - problem.P) / problem.K_P),
             math.sqrt(cf.mu_norm2(problem, np.asarray(Q) - problem.Q_star) / problem.K_Q))
 
 
 def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, *, seed: SeedLike) -> Trajectory:
-    """The first move of transfer learning (Theorem 4.1, spec §6): from the pretrained value layer, one Q-step of
+    """The first move of transfer learning (Theorem 4.1, docs/scb.md §6): from the pretrained value layer, one Q-step of
     size η₀ (:func:`attnflow.closed_forms.scb.transfer_step_size`) on a batch of ``batch0`` with V untouched (in the population it lands
     exactly at α_Q = 1). Returns the one-step Trajectory; (V, Q) after it are in ``final``."""
     batch0 = check.integer(batch0, "batch0", minimum=1)
@@ -478,7 +478,7 @@ def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, *, se
 
 def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2: StageSettings, *, seed: SeedLike,
                  C: float = 2.0, record_every: int = 5) -> Trajectory:
-    """Transfer learning (Theorem 4.1, spec §6) on minibatches: :func:`transfer_step`, then round, Stage 2,
+    """Transfer learning (Theorem 4.1, docs/scb.md §6) on minibatches: :func:`transfer_step`, then round, Stage 2,
     normalise and V_LS (:func:`run_stages_2_3`). ``info['samples']`` counts every sample used."""
     first, second = spawn(seed, 2)
     step = transfer_step(problem, P_tilde, gamma, batch0, seed=first)
@@ -491,7 +491,7 @@ def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2
 # The System contract: population(problem, **options) and minibatch(problem, *, seed, **options)
 # ==================================================================================================
 
-ETA = 0.25  # the normalised step of spec §11
+ETA = 0.25  # the normalised step of docs/scb.md §11
 
 
 def population(problem: SCBProblem, *, eta: float = ETA, steps: int = 100) -> Trajectory:
@@ -503,7 +503,7 @@ def population(problem: SCBProblem, *, eta: float = ETA, steps: int = 100) -> Tr
 def minibatch(problem: SCBProblem, *, seed: SeedLike, eta: float = ETA, lam: float = 0.01, stage1_steps: int = 40,
               stage1_batch: int = 8000, stage2_steps: int = 150, stage2_batch: int = 2000, stage3_steps: int = 80,
               stage3_batch: int = 4000) -> Trajectory:
-    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in spec §11."""
+    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in docs/scb.md §11."""
     return run_algorithm1(problem, StageSettings(stage1_steps, stage1_batch, eta),
                           StageSettings(stage2_steps, stage2_batch, eta, lam=lam),
                           StageSettings(stage3_steps, stage3_batch, eta, eta_V=0.1 / problem.K_Q), seed=seed)

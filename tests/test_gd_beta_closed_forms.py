@@ -103,7 +103,7 @@ def test_optimal_risk_matrix_and_eigen_forms_agree_and_are_attained(kind):
 
 
 def test_spec_golden_values_isotropic():
-    """spec §6: H = Ψ = I₂, σ² = 0.25, N = 10, β* = (1, 0)."""
+    """docs/gd_beta.md §6: H = Ψ = I₂, σ² = 0.25, N = 10, β* = (1, 0)."""
     problem = GDBetaProblem.isotropic(d=2, N=10, sigma2=0.25, beta_norm=1.0)
     assert cf.optimal_risk(problem) == pytest.approx(0.7405660377, abs=1e-10)
     np.testing.assert_allclose(cf.optimal_gamma(problem), 0.7547169811 * np.eye(2), atol=1e-10)
@@ -129,7 +129,7 @@ def test_gd0_optimal_risk_is_the_minimum_over_gamma_at_zero_initialisation(kind)
 
 
 def test_spec_gap_scaling_isotropic_large_context():
-    """spec §6: H = Ψ = I₂, σ² = 0.25, N = 640: N·gap = 0.744, 2.98, 11.9 for ‖β*‖ = 0.5, 1, 2."""
+    """docs/gd_beta.md §6: H = Ψ = I₂, σ² = 0.25, N = 640: N·gap = 0.744, 2.98, 11.9 for ‖β*‖ = 0.5, 1, 2."""
     for norm, expected in [(0.5, 0.744), (1.0, 2.98), (2.0, 11.9)]:
         problem = GDBetaProblem.isotropic(d=2, N=640, sigma2=0.25, beta_norm=norm)
         gap = cf.optimal_attention_risk(problem, mlp=False).risk - cf.optimal_risk(problem)
@@ -137,7 +137,7 @@ def test_spec_gap_scaling_isotropic_large_context():
 
 
 def test_optimal_gamma_special_case_full_rank():
-    """spec §4: for H, Ψ ≻ 0, Γ* = ((N+1)/N H + (tr(HΨ) + σ²)/N Ψ⁻¹)⁻¹."""
+    """docs/gd_beta.md §4: for H, Ψ ≻ 0, Γ* = ((N+1)/N H + (tr(HΨ) + σ²)/N Ψ⁻¹)⁻¹."""
     problem = random_problem("full rank")
     N = problem.N
     expected = np.linalg.inv((N + 1) / N * problem.H
@@ -180,7 +180,7 @@ def test_beta_curvature_is_the_hessian_in_beta0_and_bounded_below():
     Gamma = np.random.default_rng(8).normal(size=(3, 3))
     B = cf.beta_curvature(problem, Gamma)
     e = np.array([0.3, -0.2, 0.5])
-    # For fixed Γ the risk is (β₀ − β*)ᵀB(β₀ − β*) + const (spec §3).
+    # For fixed Γ the risk is (β₀ − β*)ᵀB(β₀ − β*) + const (docs/gd_beta.md §3).
     R = lambda s: cf.icl_risk(problem, problem.beta_star + s * e, Gamma)  # noqa: E731
     assert (R(1.0) + R(-1.0) - 2 * R(0.0)) / 2 == pytest.approx(e @ B @ e, rel=1e-10)
     assert np.linalg.eigvalsh(B - problem.H / (problem.N + 1)).min() > -1e-12
@@ -198,12 +198,12 @@ def test_local_rates_are_the_eigenvalues_of_the_linearised_flow():
     rates = cf.local_rates(problem)
     beta_block = -np.linalg.eigvals(J[:d, :d]).real
     gamma_block = -np.linalg.eigvals(J[d:, d:]).real
-    assert np.abs(J[d:, :d]).max() < 1e-6  # block-diagonal at the fixed point (spec §9)
+    assert np.abs(J[d:, :d]).max() < 1e-6  # block-diagonal at the fixed point (docs/gd_beta.md §9)
     assert beta_block.min() == pytest.approx(rates.beta, rel=1e-6)
     assert gamma_block.min() == pytest.approx(rates.gamma_mode, rel=1e-6)
 
 
-# ---- spec §6: LSA / LTB read-out moments ------------------------------------------------------------------
+# ---- docs/gd_beta.md §6: LSA / LTB read-out moments ------------------------------------------------------------------
 def _features(problem, prompts, a, b, constant):
     N = problem.N
     v = prompts.X @ a + b * prompts.y
@@ -242,7 +242,7 @@ def test_readout_risk_matches_monte_carlo():
 
 @pytest.mark.parametrize("mlp", [True, False])
 def test_ltb_forward_pass_equals_its_reduction(mlp):
-    """spec §2.1: the full token-matrix forward pass depends on (U, V, K) only through (c, a, b, Q, q)."""
+    """docs/gd_beta.md §2.1: the full token-matrix forward pass depends on (U, V, K) only through (c, a, b, Q, q)."""
     problem = GDBetaProblem.random(3, 6, seed=2)
     rng = np.random.default_rng(12)
     U, V, K = (rng.normal(size=(4, 4)) for _ in range(3))
@@ -267,13 +267,13 @@ def test_bayes_risk_semi_analytic_matches_brute_force(kind):
 
 
 def test_bayes_golden_value_isotropic():
-    """spec §6: Bayes = 0.31785 ± 0.00005 for H = Ψ = I₂, σ² = 0.25, N = 10."""
+    """docs/gd_beta.md §6: Bayes = 0.31785 ± 0.00005 for H = Ψ = I₂, σ² = 0.25, N = 10."""
     semi = dyn.bayes_risk(GDBetaProblem.isotropic(), 100_000, seed=3)
     assert_within_standard_errors(semi.mean, np.hypot(semi.standard_error, 5e-5), 0.31785)
 
 
 def test_bayes_is_exact_interpolation_without_noise():
-    """σ² = 0 and N >= rank Σ: the posterior mean recovers β exactly (spec §11.10)."""
+    """σ² = 0 and N >= rank Σ: the posterior mean recovers β exactly (docs/gd_beta.md §11.10)."""
     problem = GDBetaProblem(H=np.eye(2), Psi=np.diag([1.0, 0.0]), beta_star=np.ones(2), sigma2=0.0, N=3)
     X = np.random.default_rng(0).normal(size=(4, 3, 2))
     np.testing.assert_allclose(cf.bayes_conditional_excess(problem, X), 0.0, atol=1e-12)
@@ -284,7 +284,7 @@ def test_large_context_ratio_limit_and_sandwich():
     problem = GDBetaProblem(H=np.diag([1, 0.5, 0.25, 0.125]), Psi=np.diag([0.4, 0.3, 0.2, 0.1]),
                             beta_star=np.zeros(4), sigma2=1.0, N=10)
     assert cf.snr(problem) == pytest.approx(0.6125)
-    assert cf.large_context_ratio_limit(problem) == pytest.approx(1.765625)  # spec §8 table: 1.766
+    assert cf.large_context_ratio_limit(problem) == pytest.approx(1.765625)  # docs/gd_beta.md §8 table: 1.766
     lower, upper = cf.excess_risk_sandwich(problem)
     assert lower <= cf.optimal_risk(problem) - problem.sigma2 <= upper
 

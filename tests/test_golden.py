@@ -82,7 +82,7 @@ def test_random_walk_golden_constants(name, num_regression):
 
 
 def test_group_sparse_golden_constants(num_regression):
-    """Group sparse: the position-only quadrature at the spec §6 points and the asymptotic constant."""
+    """Group sparse: the position-only quadrature at the docs/group_sparse.md §6 points and the asymptotic constant."""
     from attnflow.closed_forms import group_sparse
 
     problem = group_sparse.GroupSparseProblem.standard(4, 6)

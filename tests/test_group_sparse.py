@@ -74,7 +74,7 @@ def test_position_only_gradient_equals_finite_differences_and_vanishing_beta_giv
 
 
 def test_position_only_loss_approaches_its_asymptote():
-    """L·Dβσ_x → √(2/π)π²/12 as β, α → ∞ (spec §6: 5e-5 at β = 200)."""
+    """L·Dβσ_x → √(2/π)π²/12 as β, α → ∞ (docs/group_sparse.md §6: 5e-5 at β = 200)."""
     L = cf.position_only_terms(EXAMPLE, 200.0, 30.0, n_nodes=6001)[0]
     assert L * 6 * 200.0 / cf.asymptotic_loss_constant() == pytest.approx(1.0, abs=2e-4)
 

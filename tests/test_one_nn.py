@@ -63,7 +63,7 @@ def test_quadrature_matches_brute_force_monte_carlo(d, N, xi1, xi2):
 @pytest.mark.parametrize("N, xi2", [(16, 10.0), (5, 0.5), (1, 2.0), (16, math.inf)])
 def test_uniform_attention_at_xi1_zero_is_exact(N, xi2):
     """ξ₁ = 0: every context weight is 1/(N + a), so L = ½[(1 − S)² + (N − 1)S²] and ∂L/∂ξ₂ = −a²/(N + a)³.
-    (At ξ₂ = ∞ this is spec §5's special value (1 − 1/N)/2.) The quadrature must meet its requested accuracy."""
+    (At ξ₂ = ∞ this is docs/one_nn.md §5's special value (1 − 1/N)/2.) The quadrature must meet its requested accuracy."""
     a = math.exp(-xi2)
     S = 1 / (N + a)
     result = cf.reduced_loss(OneNNProblem(4, N), 0.0, xi2, rtol=1e-6)
@@ -88,8 +88,8 @@ def test_gradient_matches_finite_differences_of_the_quadrature():
 
 
 def test_spec_constants():
-    assert cf.asymptotic_loss_constant(4, 16) == pytest.approx(1.1130, abs=5e-5)  # spec §7
-    # spec §6 quotes 0.09649 from its own quadrature, whose stated accuracy is ~1e-3 relative (ours: 0.0964838)
+    assert cf.asymptotic_loss_constant(4, 16) == pytest.approx(1.1130, abs=5e-5)  # docs/one_nn.md §7
+    # docs/one_nn.md §6 quotes 0.09649 from its own quadrature, whose stated accuracy is ~1e-3 relative (ours: 0.0964838)
     assert cf.reduced_loss(OneNNProblem(4, 16), 12.0, 10.0).loss == pytest.approx(0.09649, rel=1e-3)
 
 
@@ -100,7 +100,7 @@ def test_unreachable_accuracy_warns_with_the_achieved_error():
 
 
 def test_reduced_gd_reproduces_the_spec_trajectory():
-    """spec §7: d = 4, N = 16, σ = 10, η = 200."""
+    """docs/one_nn.md §7: d = 4, N = 16, σ = 10, η = 200."""
     run = dyn.reduced_trajectory(OneNNProblem(4, 16, 10.0), 200.0, 300)
     at = {int(t): (a, b, c) for t, a, b, c in zip(run.times, run.states["xi1"], run.states["xi2"], run.metrics["loss"])}
     for step, (xi1, xi2, loss) in {5: (8.7, 10.0, 0.131), 20: (14.8, 10.9, 0.079), 100: (25.1, 18.2, 0.046),
@@ -127,7 +127,7 @@ def test_full_gd_is_reproducible_and_diverges_with_a_named_step():
 
 
 def test_full_matrix_gradient_has_the_manifold_structure_in_expectation():
-    """spec §4: at diagonal W the gradient's W₁₁ block is a multiple of I, forbidden blocks vanish (z-tests)."""
+    """docs/one_nn.md §4: at diagonal W the gradient's W₁₁ block is a multiple of I, forbidden blocks vanish (z-tests)."""
     problem = OneNNProblem(3, 6)
     W = dyn.manifold_weight(3, 5.0, 2.0)
     _, grad = dyn.per_prompt_loss_and_gradient(dyn.sample_prompts(problem, 100_000, np.random.default_rng(1)), W)
@@ -170,7 +170,7 @@ def _sampled_t(d, n, N, seed):
 
 @pytest.mark.parametrize("d", [2, 3, 4, 9])
 def test_t_density_matches_sampled_inner_products(d):
-    """The CDF of t from the density (spec §1) against the empirical CDF of raw sphere samples (binomial SE)."""
+    """The CDF of t from the density (docs/one_nn.md §1) against the empirical CDF of raw sphere samples (binomial SE)."""
     from scipy.integrate import quad
 
     t = _sampled_t(d, 50_000, 4, d).ravel()
@@ -182,7 +182,7 @@ def test_t_density_matches_sampled_inner_products(d):
 
 @pytest.mark.parametrize("d, N", [(4, 16), (3, 5)])
 def test_gap_density_at_zero_matches_monte_carlo(d, N):
-    """f_gap(0) (spec §7) against raw samples: the density of t₍₁₎ − t₍₂₎ at 0 by the estimator
+    """f_gap(0) (docs/one_nn.md §7) against raw samples: the density of t₍₁₎ − t₍₂₎ at 0 by the estimator
     (2·1{gap < ε} − ½·1{gap < 2ε})/ε, whose O(ε) bias cancels (Richardson); its SE comes from the samples."""
     t = np.sort(_sampled_t(d, 200_000, N, 11), axis=1)
     gap = t[:, -1] - t[:, -2]

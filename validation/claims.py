@@ -29,13 +29,17 @@ _OBSERVABLES: dict[str, "Observable"] = {}
 class Outcome:
     """What a claim function returns.
 
-    measured / predicted : name -> number (the headline comparison; shown in the table and JSON).
+    measured / predicted : id -> number (the headline comparison; shown in the table and JSON). Ids are stable
+        snake_case names (``gap_largest_beta``); what a reader sees is in ``labels``.
+    labels : id -> human label with notation (``"gap at largest ‖β*‖"``); an id without a label shows as itself.
     tolerance : the acceptance rule in words and numbers, e.g. "|z| < 4".
     basis : where the tolerance comes from, e.g. "4 Monte-Carlo standard errors (two-sided p ≈ 6e-5)".
     passed : the verdict.
     details : rows of a table with everything measured (one dict per configuration).
     figure : a zero-argument callable returning a matplotlib Figure, drawn only when a report asks for it.
     notes : anything a reader needs to interpret the numbers.
+    false_fail_rate : the nominal probability that the check FAILs when the theory holds (from the tolerance's
+        statistical basis); None for a deterministic check (an identity to round-off or solver tolerance).
     """
 
     measured: dict
@@ -46,6 +50,8 @@ class Outcome:
     details: list = field(default_factory=list)
     figure: Callable | None = None
     notes: str = ""
+    labels: dict = field(default_factory=dict)
+    false_fail_rate: float | None = None
 
 
 @dataclass
@@ -66,6 +72,8 @@ class CheckResult:
     seconds: float
     figure: Callable | None = None
     finding: str = ""  # the registered finding, for a claim whose paper statement is known not to hold
+    labels: dict = field(default_factory=dict)
+    false_fail_rate: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -84,6 +92,8 @@ class CheckResult:
             status=self.status, passed=self.passed, as_registered=self.as_registered, finding=self.finding,
             measured=to_jsonable(self.measured),
             predicted=to_jsonable(self.predicted), tolerance=self.tolerance, basis=self.basis,
+            labels={key: self.labels.get(key, key) for key in (*self.measured, *self.predicted)},
+            false_fail_rate=self.false_fail_rate,
             details=to_jsonable(self.details), notes=self.notes, setting=self.setting, seed=self.seed,
             seconds=round(self.seconds, 3),
         )
@@ -248,4 +258,5 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
         notes = (notes + " " if notes else "") + "A measured or predicted value is not finite."
     return CheckResult(**common, status=status, measured=outcome.measured, predicted=outcome.predicted,
                        tolerance=outcome.tolerance, basis=outcome.basis, details=outcome.details, notes=notes,
-                       seconds=time.perf_counter() - started, figure=outcome.figure)
+                       seconds=time.perf_counter() - started, figure=outcome.figure, labels=dict(outcome.labels),
+                       false_fail_rate=outcome.false_fail_rate)

@@ -19,13 +19,13 @@ PAPER = "Zhang, Wu & Bartlett, NeurIPS 2024 (arXiv:2402.14951)"
 # The spec's worked example (§6, §10): anisotropic H and Ψ, σ² = 0.25, N = 10.
 EXAMPLE_H = np.array([[1.0, 0.3], [0.3, 0.6]])
 EXAMPLE_PSI = np.array([[0.8, -0.2], [-0.2, 0.5]])
-# Corollary 6.2 example (spec §8): SNR = tr(HΨ)/σ² = 0.6125.
+# Corollary 6.2 example (docs/gd_beta.md §8): SNR = tr(HΨ)/σ² = 0.6125.
 COROLLARY_H = np.diag([1.0, 0.5, 0.25, 0.125])
 COROLLARY_PSI = np.diag([0.4, 0.3, 0.2, 0.1])
 
 
 def example_problem(beta_norm_H: float, N: int = 10, sigma2: float = 0.25) -> GDBetaProblem:
-    """The spec §6 example with β* along e₁ scaled to ‖β*‖_H = ``beta_norm_H``.
+    """The docs/gd_beta.md §6 example with β* along e₁ scaled to ‖β*‖_H = ``beta_norm_H``.
 
     (The spec does not say which direction its gap table used; the gap depends on it, see docs/gd_beta.md.)
     """
@@ -44,7 +44,7 @@ def _gd_beta_predictor(beta0, Gamma):
 
 @claim(
     "gd_beta.risk_formula",
-    reference=f"{PAPER}: ICL risk (3.5) of GD-β (5.1); closed form of spec §3",
+    reference=f"{PAPER}: ICL risk (3.5) of GD-β (5.1); closed form of docs/gd_beta.md §3",
     statement="The closed-form ICL risk R(β₀, Γ) equals the brute-force Monte-Carlo risk of GD-β at random "
               "(β₀, Γ), for full-rank and rank-deficient H and Ψ.",
     quick=dict(n_prompts=100_000, d=3, N=8),
@@ -69,7 +69,7 @@ def risk_formula(seed, n_prompts, d, N):
         x = np.arange(len(rows))
         plots.simulation_points(ax, x, [r["monte_carlo"] for r in rows], [r["standard_error"] for r in rows],
                                 label=f"Monte Carlo ({n_prompts:,} prompts, ±2 SE)")
-        ax.plot(x, [r["closed_form"] for r in rows], "kx", markersize=9, label="closed form (spec §3)")
+        ax.plot(x, [r["closed_form"] for r in rows], "kx", markersize=9, label="closed form (docs/gd_beta.md §3)")
         ax.set_xticks(x, [r["config"] for r in rows])
         plots.finish(ax, "GD-β risk at random (β₀, Γ)", "configuration", "ICL risk")
         return fig
@@ -219,7 +219,7 @@ def ltb_equals_gd_beta(seed, d, N, beta_norms, n_prompts):
 
 @claim(
     "gd_beta.lsa_gap",
-    reference=f"{PAPER}: Theorem 4.1; exact LSA reduction and GD-0 sandwich of spec §6",
+    reference=f"{PAPER}: Theorem 4.1; exact LSA reduction and GD-0 sandwich of docs/gd_beta.md §6",
     statement="inf LSA − inf LTB is zero at β* = 0 and positive, growing with ‖β*‖_H, between 0 and the GD-0 "
               "bound; R* does not depend on β*; the exact LSA optimum matches its sampled risk.",
     quick=dict(beta_norms=(0.0, 0.5, 1.0, 2.0, 4.0), N=10, n_prompts=100_000),
@@ -297,7 +297,7 @@ def _bayes_ratios(problem_at, N_values, n_contexts, seed):
 
 @claim(
     "gd_beta.bayes_constant_factor",
-    reference=f"{PAPER}: Lemma 6.1 and Corollary 6.2 (explicit constants of spec §8)",
+    reference=f"{PAPER}: Lemma 6.1 and Corollary 6.2 (explicit constants of docs/gd_beta.md §8)",
     statement="At bounded SNR the optimal GD-β excess risk is within a constant factor of the Bayes excess risk: "
               "1 <= (R* − σ²)/(R_Bayes − σ²) <= 1 + 2·SNR for every N, and "
               "½Σmin(ψᵢ, σ²/(N+1)) <= R* − σ² <= 2(1+SNR)Σmin(ψᵢ, σ²/N).",
@@ -338,12 +338,12 @@ def bayes_constant_factor(seed, N_values, n_contexts):
         tolerance=f"1 − {Z_TOLERANCE:g} SE <= ratio <= 1 + 2·SNR + {Z_TOLERANCE:g} SE at every N; sandwich exact",
         basis=z_basis(what="standard errors of the Bayes-risk Monte Carlo (delta method for the ratio)"),
         passed=bool(passed), details=rows, figure=figure,
-        notes="spec §8 reports ratios 1.047, 1.130, 1.241, 1.367, 1.507, 1.589, 1.654 at N = 2…200.")
+        notes="docs/gd_beta.md §8 reports ratios 1.047, 1.130, 1.241, 1.367, 1.507, 1.589, 1.654 at N = 2…200.")
 
 
 @claim(
     "gd_beta.bayes_factor_needs_bounded_snr",
-    reference=f"{PAPER}: Corollary 6.2's SNR condition (negative control, spec §8)",
+    reference=f"{PAPER}: Corollary 6.2's SNR condition (negative control, docs/gd_beta.md §8)",
     statement="Negative control: without bounded SNR the GD-β/Bayes factor is not uniform: as σ² → 0 at fixed N "
               "the ratio grows without bound, exceeding the bounded-SNR constant 1 + 2·SNR(σ² = 1).",
     quick=dict(sigma2_values=(1.0, 0.1, 0.01, 0.001), N=50, n_contexts=10_000),
@@ -378,7 +378,7 @@ def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
                   "> bounded-SNR constant",
         basis=z_basis(what="standard errors of the Bayes-risk Monte Carlo"),
         passed=bool(increasing and exceeds), details=rows, figure=figure,
-        notes="spec §8: ratio ≈ 560 at σ² = 1e-3, N = 50.")
+        notes="docs/gd_beta.md §8: ratio ≈ 560 at σ² = 1e-3, N = 50.")
 
 
 # ==================================================================================================
@@ -388,7 +388,7 @@ def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
 
 @claim(
     "gd_beta.gradient_flow_converges",
-    reference=f"{PAPER}: Lemma G.2 and Theorem 6.3 (rates of spec §9)",
+    reference=f"{PAPER}: Lemma G.2 and Theorem 6.3 (rates of docs/gd_beta.md §9)",
     statement="Gradient flow on (β₀, Γ) converges to (β*, Γ*) (plus the unmoved null-space parts for singular H) "
               "from zero and random starts, with non-increasing risk, ‖P_R(β₀ − β*)‖² <= e^{−4λ₊t/(N+1)}‖·‖₀² "
               "along the path, and local rates 2λ_min(B(Γ*)) for β₀, 2λ₊(H)λ₊(H^{1/2}ΩH^{1/2}) for Γ, and "
@@ -488,7 +488,7 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
 
 @claim(
     "gd_beta.sgd_reaches_optimum",
-    reference=f"{PAPER}: Theorems 4.1, 5.2, 5.3 under training (spec §10)",
+    reference=f"{PAPER}: Theorems 4.1, 5.2, 5.3 under training (docs/gd_beta.md §10)",
     statement="Adam on freshly sampled prompts trains GD-β and the full LTB to R* and LSA to its (larger) "
               "exact optimum, within 1% + 4 SE over seeds (value row initialised at the label copy b = 1).",
     quick=dict(beta_norm_H=2.0, seeds=3, steps=2000, batch_size=128, lr=0.05),
@@ -527,10 +527,10 @@ def sgd_reaches_optimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
         tolerance=f"mean trained risk − optimum <= 1%·optimum + {Z_TOLERANCE:g} SE over {seeds} seeds, and SE <= "
                   "0.5%·optimum (each model)",
         basis="the trained risk is evaluated exactly (closed form), so only training noise remains: "
-              f"{Z_TOLERANCE:g} standard errors over seeds, plus a 1% allowance for the finite number of steps (spec §10)",
+              f"{Z_TOLERANCE:g} standard errors over seeds, plus a 1% allowance for the finite number of steps (docs/gd_beta.md §10)",
         passed=all(r["passed"] for r in rows), details=rows, figure=figure,
         notes="The LSA optimum exceeds R* by the Theorem 4.1 gap: no amount of training closes it. LTB and LSA "
-              "train in the reduced coordinates (c, a, b, Q, q) as in spec §10, from the label-copy value row; "
+              "train in the reduced coordinates (c, a, b, Q, q) as in docs/gd_beta.md §10, from the label-copy value row; "
               "from a random value row some seeds end in the spurious minimum of gd_beta.ltb_spurious_minimum.")
 
 
@@ -600,7 +600,7 @@ def summary(problem: GDBetaProblem, *, seed, bayes_contexts: int = 20_000) -> di
         "β₀* = β*": problem.beta_star,
         "Γ* (5.3)": cf.optimal_gamma(problem),
         "inf LTB risk (Thm 5.3, = R*)": ltb.risk,
-        "inf LSA risk (spec §6)": lsa.risk,
+        "inf LSA risk (docs/gd_beta.md §6)": lsa.risk,
         "LSA gap inf LSA − R* (Thm 4.1)": lsa.risk - R_star,
         "optimal GD-0 risk (LSA upper bound)": cf.gd0_optimal_risk(problem),
         "Bayes risk (Lemma 6.1, MC)": bayes.mean,
@@ -622,7 +622,7 @@ GRADIENT_LAW = ScalingLaw(
 
 @observable(
     "gd_beta.minibatch_gradient_deviation",
-    reference=f"{PAPER}: the population gradient of Lemma G.2 (spec §9) against its minibatch estimate",
+    reference=f"{PAPER}: the population gradient of Lemma G.2 (docs/gd_beta.md §9) against its minibatch estimate",
     description="‖ĝ_B − ∇R‖² at a fixed (β₀, Γ): the squared distance between the minibatch gradient on B fresh "
                 "prompts and the closed-form population gradient. The random instance and parameter come from "
                 "the run's instance seed (the same at every replicate); the replicate's seed draws only the batch.",

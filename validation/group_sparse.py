@@ -32,7 +32,7 @@ def _realise_position_only(problem: GroupSparseProblem, beta: float, alpha: floa
 
 @claim(
     "group_sparse.position_only_matches_monte_carlo",
-    reference=f"{PAPER}: the model of spec §2; the position-only reduction of spec §6 (ours)",
+    reference=f"{PAPER}: the model of docs/group_sparse.md §2; the position-only reduction of docs/group_sparse.md §6 (ours)",
     statement="L(β, α), ∂L/∂β and ∂L/∂α of the position-only sub-model by skew-normal quadrature equal brute-force "
               "Monte Carlo of the raw transformer (tokens, softmax attention, logistic loss, autodiff-free gradients).",
     quick=dict(points=((0.3, 0.0), (1.0, 1.0), (2.0, 3.0), (4.0, 6.0)), n_samples=40_000, chunks=20),
@@ -67,7 +67,7 @@ def position_only_matches_monte_carlo(seed, points, n_samples, chunks):
 
 @claim(
     "group_sparse.reduced_matches_full_gd",
-    reference=f"{PAPER}: GD of spec §2; the symmetry reduction of spec §5 and the (β, α) map of spec §6 (ours)",
+    reference=f"{PAPER}: GD of docs/group_sparse.md §2; the symmetry reduction of docs/group_sparse.md §5 and the (β, α) map of docs/group_sparse.md §6 (ours)",
     statement="With sign-symmetrised batches, full GD keeps v₂ = 0, W₁₂ = W₂₁ = 0 and every W₂₂ column sum at 0 to "
               "round-off, and v₁ ∥ v* up to noise; the position-only full GD (v, W₂₂ trained) follows the (β, α) map.",
     quick=dict(steps=20, eta=1.0, batch_size=3000, seeds=3),
@@ -103,7 +103,7 @@ def reduced_matches_full_gd(seed, steps, eta, batch_size, seeds):
 
 @claim(
     "group_sparse.attention_selects_group",
-    reference=f"{PAPER}: pre-training theorem, items 1–2 (spec §3): S_{{j*, j}} >= 1 − exp(−Θ(D)) and v₁ → v* at T*",
+    reference=f"{PAPER}: pre-training theorem, items 1–2 (docs/group_sparse.md §3): S_{{j*, j}} >= 1 − exp(−Θ(D)) and v₁ → v* at T*",
     statement="Full GD (fresh symmetrised batches, η = 1) run for T = D³ steps puts mean attention on j* with "
               "1 − S_{j*} decreasing in D, fitted as exp(−cD) with c > 0, and aligns v₁ with v* (cos > 0.999).",
     quick=dict(Ds=(3, 4, 5, 6), d=4, batch_size=1000, seeds=2),
@@ -148,9 +148,9 @@ def attention_selects_group(seed, Ds, d, batch_size, seeds):
 
 @claim(
     "group_sparse.loss_rate",
-    reference=f"{PAPER}: pre-training theorem, item 3 (spec §3) and the consistency argument of spec §3, §6",
+    reference=f"{PAPER}: pre-training theorem, item 3 (docs/group_sparse.md §3) and the consistency argument of docs/group_sparse.md §3, §6",
     statement="In the position-only sub-model β grows like T^{1/3} and L·Dβσ_x → √(2/π)·π²/12, so L ~ 1/(D·β) "
-              "~ T^{-1/3} (spec §6).",
+              "~ T^{-1/3} (docs/group_sparse.md §6).",
     quick=dict(D=6, steps=6000, eta=1.0),
     full=dict(D=6, steps=40_000, eta=1.0),
 )
@@ -198,7 +198,7 @@ def pretrained_position_only_W(problem: GroupSparseProblem, steps: int, eta: flo
 
 @claim(
     "group_sparse.downstream_sample_complexity",
-    reference=f"{PAPER}: downstream theorem (spec §4): O((d + D)/n) for the fine-tuned transformer vs Ω(dD/n) for "
+    reference=f"{PAPER}: downstream theorem (docs/group_sparse.md §4): O((d + D)/n) for the fine-tuned transformer vs Ω(dD/n) for "
               "linear classifiers on vec(X)",
     statement="At a fixed number n of downstream samples, the test error of logistic regression on vec(X) grows with "
               "D faster than that of the pre-trained transformer fine-tuned by online SGD: the exponent of error vs D "
@@ -213,7 +213,7 @@ def downstream_sample_complexity(seed, d, Ds, n, gamma, seeds, n_test):
     attention = []
     for i, (D, child) in enumerate(zip(Ds, seed.spawn(len(Ds)))):
         problem = GroupSparseProblem.standard(d, D)
-        W = pretrained_position_only_W(problem, D**3)  # T* = D³ (spec §3)
+        W = pretrained_position_only_W(problem, D**3)  # T* = D³ (docs/group_sparse.md §3)
         attention.append(cf.attention_weights(W[d + problem.star, d] - W[d + (0 if problem.star else 1), d], D)[0])
         for s, grandchild in enumerate(child.spawn(seeds)):
             rng = np.random.default_rng(grandchild)
@@ -267,8 +267,8 @@ def _time_to_loss(problem: GroupSparseProblem, epsilons, horizon: float = 1e7) -
 
 @claim(
     "group_sparse.time_to_loss_submodel",
-    reference=f"{PAPER}: pre-training theorem (spec §3), T* = Θ(max(D³, 1/(D³ε³))), checked in the position-only "
-              "sub-model of spec §6",
+    reference=f"{PAPER}: pre-training theorem (docs/group_sparse.md §3), T* = Θ(max(D³, 1/(D³ε³))), checked in the position-only "
+              "sub-model of docs/group_sparse.md §6",
     statement="In the position-only sub-model (gradient flow, τ = η·steps) the time to reach loss ε scales like "
               "ε^{-3} and, as the theorem's small-ε branch 1/(D³ε³) states, like D^{-3}.",
     quick=dict(Ds=(4, 6, 8), epsilons=(0.005, 0.0025, 0.00125)),

@@ -23,7 +23,7 @@ EXAMPLE_ETA = 200.0
 
 @claim(
     "one_nn.quadrature_matches_monte_carlo",
-    reference=f"{PAPER}: the population loss on the manifold W = diag(ξ₁I, 0, −ξ₂); semi-analytic forms of spec §6",
+    reference=f"{PAPER}: the population loss on the manifold W = diag(ξ₁I, 0, −ξ₂); semi-analytic forms of docs/one_nn.md §6",
     statement="The quadrature of L(ξ₁, ξ₂), ∂L/∂ξ₁ and ∂L/∂ξ₂ equals brute-force Monte Carlo of the raw model "
               "(token matrices, softmax, raw labels) over (d, N, ξ₁, ξ₂), including large ξ and d = 2.",
     quick=dict(n_prompts=30_000, points=((4, 16, 0.0, 10.0), (4, 16, 3.0, 4.0), (4, 16, 12.0, 10.0),
@@ -55,7 +55,7 @@ def quadrature_matches_monte_carlo(seed, n_prompts, points):
         x = np.arange(len(losses))
         plots.simulation_points(ax, x, [r["monte_carlo"] for r in losses], [r["standard_error"] for r in losses],
                                 label=f"Monte Carlo ({n_prompts:,} prompts, ±2 SE)")
-        ax.plot(x, [r["quadrature"] for r in losses], "kx", markersize=9, label="quadrature (spec §6)")
+        ax.plot(x, [r["quadrature"] for r in losses], "kx", markersize=9, label="quadrature (docs/one_nn.md §6)")
         ax.set_xticks(x, [f"d={r['d']},N={r['N']}\n({r['xi1']:g},{r['xi2']:g})" for r in losses], fontsize=7)
         plots.finish(ax, "1-NN population loss L(ξ₁, ξ₂)", "(d, N, ξ₁, ξ₂)", "loss", logy=True)
         return fig
@@ -71,7 +71,7 @@ def quadrature_matches_monte_carlo(seed, n_prompts, points):
 
 @claim(
     "one_nn.loss_to_zero",
-    reference=f"{PAPER}: convergence theorem (spec §8) and the growth rates of spec §7",
+    reference=f"{PAPER}: convergence theorem (docs/one_nn.md §8) and the growth rates of docs/one_nn.md §7",
     statement="Reduced GD from (0, σ) drives the loss to 0 monotonically with ξ₂ never decreasing, and ξ₁ grows "
               "like t^{1/3} (so L ~ t^{-1/3}).",
     quick=dict(steps=300, eta=EXAMPLE_ETA),
@@ -82,13 +82,13 @@ def loss_to_zero(seed, steps, eta):
     t, xi1, xi2, loss = run.times, run.states["xi1"], run.states["xi2"], run.metrics["loss"]
     late = t >= steps / 3
     fit = fit_power_law(t[late], xi1[late])
-    # The O(1/ξ₁) correction to the force (L·ξ₁/C = 1.03 at ξ₁ = 25, spec §7) biases a finite-time fit by a
+    # The O(1/ξ₁) correction to the force (L·ξ₁/C = 1.03 at ξ₁ = 25, docs/one_nn.md §7) biases a finite-time fit by a
     # few percent; the tolerance is that correction at the fit window's ξ₁.
     correction = abs(xi1[late][0] * cf.reduced_loss_adaptive(EXAMPLE, xi1[late][0], math.inf)[0]
                      / cf.asymptotic_loss_constant(EXAMPLE.d, EXAMPLE.N) - 1)
     tolerance = max(correction, 2 * fit.standard_error)
     monotone = bool(np.all(np.diff(loss) < 0))
-    # ∂L/∂ξ₂ <= 0 exactly (spec §5), but near ξ₁ = 0 it is ~a² (≈ 1e-12 at σ = 10), below the quadrature's
+    # ∂L/∂ξ₂ <= 0 exactly (docs/one_nn.md §5), but near ξ₁ = 0 it is ~a² (≈ 1e-12 at σ = 10), below the quadrature's
     # error; so ξ₂ counts as non-decreasing when ∂L/∂ξ₂ <= its own Richardson error estimate at every record.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -123,7 +123,7 @@ def loss_to_zero(seed, steps, eta):
 
 @claim(
     "one_nn.asymptotic_constant",
-    reference=f"{PAPER}: the loss constant of spec §7 (ours)",
+    reference=f"{PAPER}: the loss constant of docs/one_nn.md §7 (ours)",
     statement="With the query masked (ξ₂ = ∞), L(ξ₁)·ξ₁ → C = (ln 2 − ½)·f_gap(0) as ξ₁ → ∞, with an O(1/ξ₁) "
               "correction.",
     quick=dict(d=4, N=16, xi1_values=(6.25, 12.5, 25.0, 50.0)),
@@ -158,12 +158,12 @@ def asymptotic_constant(seed, d, N, xi1_values):
               "are the Richardson estimates, scaled by ξ_k",
         passed=shrinking,
         details=[dict(xi1=x, ratio=r, quadrature_error=e, b=bk) for x, r, e, bk in zip(xs, ratios, errors, b)],
-        notes="spec §7: 1.031 at ξ₁ = 25 and 1.012 at ξ₁ = 100 for d = 4, N = 16.")
+        notes="docs/one_nn.md §7: 1.031 at ξ₁ = 25 and 1.012 at ξ₁ = 100 for d = 4, N = 16.")
 
 
 @claim(
     "one_nn.full_gd_tracks_reduced",
-    reference=f"{PAPER}: GD keeps W on diag(ξ₁I, 0, −ξ₂) (spec §4)",
+    reference=f"{PAPER}: GD keeps W on diag(ξ₁I, 0, −ξ₂) (docs/one_nn.md §4)",
     statement="Full-matrix GD on W with fresh minibatches at small η stays on the manifold in expectation (the "
               "symmetry-forbidden label→indicator entry averages to 0) and its ξ₁ follows reduced GD.",
     quick=dict(eta=1.5, steps=60, batch_size=256, seeds=4),
@@ -199,7 +199,7 @@ def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
 
 @claim(
     "one_nn.full_gd_leaves_manifold_above_stability_limit",
-    reference=f"{PAPER}: the manifold's transverse stability (spec §4 caveat; a diagnostic, ours)",
+    reference=f"{PAPER}: the manifold's transverse stability (docs/one_nn.md §4 caveat; a diagnostic, ours)",
     statement="Diagnostic: the manifold is invariant but not stable for large steps: with η above ≈ 2 (the "
               "label→indicator curvature is ≈ 1) the symmetry-forbidden entry W[d, d+1] grows from minibatch noise "
               "to O(1), while at small η it stays at the noise level.",
@@ -232,7 +232,7 @@ def full_gd_leaves_manifold(seed, eta_small, eta_large, steps, batch_size):
 
 @claim(
     "one_nn.distribution_shift",
-    reference=f"{PAPER}: the distribution-shift theorem (spec §8) with the shifted test set of spec §9",
+    reference=f"{PAPER}: the distribution-shift theorem (docs/one_nn.md §8) with the shifted test set of docs/one_nn.md §9",
     statement="On δ-separated test prompts with Gaussian labels, the test loss of the trained attention decreases "
               "with training time and stays below the mechanism bound ½(e^{−ξ₁δ/2}Σ_{j≠i*}|y_j − y_{i*}| + "
               "e^{−ξ₂}|y_{i*}|)², whose form is the theorem's R²N²·exp(−Θ(ξ₁δ)).",
@@ -269,12 +269,12 @@ def distribution_shift(seed, delta, checkpoints, n_prompts, eta):
                   "overall, and below the bound at every checkpoint",
         basis=z_basis(), passed=decreasing and below, details=rows, figure=figure,
         notes="The bound holds prompt by prompt; it is loose because e^{−ξ₁δ/2} decays slowly for δ = 0.1. Since ξ₁ "
-              "grows like t^{1/3}, it decays like exp(−c·t^{1/3}) rather than the theorem's power of T (spec §8).")
+              "grows like t^{1/3}, it decays like exp(−c·t^{1/3}) rather than the theorem's power of T (docs/one_nn.md §8).")
 
 
 @claim(
     "one_nn.context_length",
-    reference=f"{PAPER}: the condition N = Ω(√d·log d) and σ = Ω(poly d) of the convergence theorem (spec §8)",
+    reference=f"{PAPER}: the condition N = Ω(√d·log d) and σ = Ω(poly d) of the convergence theorem (docs/one_nn.md §8)",
     statement="The theorem's conditions are sufficient, not necessary: reduced GD reduces the loss at least "
               "three-fold for every (d, N, σ) swept, including N below √d·log d and σ = 0.",
     quick=dict(configs=((4, 2, 0.0), (4, 16, 0.0), (16, 4, 0.0), (16, 12, 16.0)), steps=60),

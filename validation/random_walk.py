@@ -20,13 +20,13 @@ from .systems import Parameter, System
 from .stats import Z_TOLERANCE, fit_power_law, z_basis
 
 PAPER = "Shi & Cao, NeurIPS 2025 (arXiv:2511.23239)"
-# Round-off: the reduced map and the full model agree to ~1e-15 (spec §4); allow 1e-9 relative.
+# Round-off: the reduced map and the full model agree to ~1e-15 (docs/random_walk.md §4); allow 1e-9 relative.
 ROUND_OFF = 1e-9
 
 
 @claim(
     "random_walk.reduced_equals_full_gd",
-    reference=f"{PAPER}: model and GD of spec §2; the exact reduction of spec §4 (ours)",
+    reference=f"{PAPER}: model and GD of docs/random_walk.md §2; the exact reduction of docs/random_walk.md §4 (ours)",
     statement="Full (V, W) GD on the exact population (all K·2^{N−1} sequences with their probabilities) equals the "
               "reduced map on (v, z): V = circ(v) and every sequence's attention is softmax(z).",
     quick=dict(K=5, N=11, M=40, eta=0.5, steps=5, ps=(0.7, 1.0)),
@@ -68,7 +68,7 @@ def _log_non_parent_mass(z: np.ndarray, N: int) -> float:
 
 @claim(
     "random_walk.parent_attention",
-    reference=f"{PAPER}: success theorem, item 4 (spec §3): [softmax]_{{N−1}} >= 1 − exp(−Ω(N)) with M = Ω(N^{{3/2}})",
+    reference=f"{PAPER}: success theorem, item 4 (docs/random_walk.md §3): [softmax]_{{N−1}} >= 1 − exp(−Ω(N)) with M = Ω(N^{{3/2}})",
     statement="After two GD steps the attention sits on the parent token N−1, and log(1 − S_{N−1}) falls linearly "
               "in N when M grows like N^{3/2} (M = m₀N^{3/2}): 1 − S_{N−1} = exp(−cN).",
     quick=dict(K=6, Ns=(7, 9, 11, 13, 15, 17), m0=2.0, p=0.7),
@@ -113,7 +113,7 @@ def parent_attention(seed, K, Ns, m0, p):
 
 @claim(
     "random_walk.optimal_accuracy",
-    reference=f"{PAPER}: success theorem, item 1 (spec §3): accuracy = max(p, 1 − p) for 0 < p < 1",
+    reference=f"{PAPER}: success theorem, item 1 (docs/random_walk.md §3): accuracy = max(p, 1 − p) for 0 < p < 1",
     statement="Reduced GD from zero reaches the Bayes accuracy max(p, 1 − p), and holds it.",
     quick=dict(K=6, N=13, ps=(0.3, 0.5, 0.7, 0.9), steps=50, mc=None),
     full=dict(K=6, N=13, ps=(0.3, 0.5, 0.7, 0.9), steps=400,
@@ -154,9 +154,9 @@ def optimal_accuracy(seed, K, N, ps, steps, mc):
 
 @claim(
     "random_walk.failure_theorem",
-    reference=f"{PAPER}: failure theorem (spec §3): p ∈ {{0, 1}}, N = rK + 1",
+    reference=f"{PAPER}: failure theorem (docs/random_walk.md §3): p ∈ {{0, 1}}, N = rK + 1",
     statement="For p ∈ {0, 1} and N = rK + 1, GD from zero keeps accuracy exactly 1/K, V ∝ 1 and uniform attention "
-              "on tokens 1..N−1 for all t (the 3-scalar closure of spec §5 holds); for N ≠ rK + 1 it does not apply "
+              "on tokens 1..N−1 for all t (the 3-scalar closure of docs/random_walk.md §5 holds); for N ≠ rK + 1 it does not apply "
               "and the accuracy reaches 1.",
     quick=dict(K=6, r=2, steps=200),
     full=dict(K=6, r=2, steps=2000),
@@ -240,7 +240,7 @@ def _direction_figure(rows, key, title):
 
 @claim(
     "random_walk.value_direction",
-    reference=f"{PAPER}: success theorem, item 3 (spec §3), checked as stated",
+    reference=f"{PAPER}: success theorem, item 3 (docs/random_walk.md §3), checked as stated",
     statement="‖V/‖V‖_F − Πᵀ/‖Πᵀ‖_F‖_F = O(T^{-1/2}) for every p ∈ (0, 1): the error's fitted exponent is −1/2.",
     quick=dict(K=6, N=13, ps=(0.5, 0.7), checkpoints=(50, 100, 200, 400)),
     full=dict(K=6, N=13, ps=(0.5, 0.6, 0.7, 0.9), checkpoints=(100, 200, 400, 800, 1600)),
@@ -258,7 +258,7 @@ def value_direction(seed, K, N, ps, checkpoints):
         predicted={"exponent": -0.5} | {f"√-law plateau at p={r['p']:g}": r["plateau"] for r in rows},
         tolerance=_rate_tolerance(rows) + " for every p", basis=RATE_BASIS,
         passed=not failing, details=rows, figure=_direction_figure(rows, "claim3_errors", "Claim 3: distance to Πᵀ direction"),
-        notes=("FAILS for p ≠ ½, as spec §6 predicts: once the attention is one-hot, v[1]/v[−1] → √(p/(1−p)) "
+        notes=("FAILS for p ≠ ½, as docs/random_walk.md §6 predicts: once the attention is one-hot, v[1]/v[−1] → √(p/(1−p)) "
                "(measured " + ", ".join(f"{r['v_ratio']:.3f} vs √ {r['sqrt_ratio']:.3f} and p/(1−p) {r['claim3_ratio']:.3f} "
                                          f"at p={r['p']:g}" for r in failing) +
                "), so the error plateaus at the √-law distance instead of vanishing. At p = ½ the two targets coincide."
@@ -267,7 +267,7 @@ def value_direction(seed, K, N, ps, checkpoints):
 
 @claim(
     "random_walk.sqrt_law_direction",
-    reference=f"{PAPER}: success theorem, item 3, corrected (spec §6, derived)",
+    reference=f"{PAPER}: success theorem, item 3, corrected (docs/random_walk.md §6, derived)",
     statement="V/‖V‖_F converges at rate T^{-1/2} to the circulant with √p, √(1−p) on the ±1 diagonals.",
     quick=dict(K=6, N=13, ps=(0.5, 0.7), checkpoints=(50, 100, 200, 400)),
     full=dict(K=6, N=13, ps=(0.5, 0.6, 0.7, 0.9), checkpoints=(100, 200, 400, 800, 1600)),
@@ -295,7 +295,7 @@ def _escape_step(V_records: np.ndarray, threshold: float = 0.1) -> int | None:
 
 @claim(
     "random_walk.ridge_escape",
-    reference=f"{PAPER}: failure theorem and its random-initialisation experiment (spec §3, §7)",
+    reference=f"{PAPER}: failure theorem and its random-initialisation experiment (docs/random_walk.md §3, §7)",
     statement="The p = 1, N = rK + 1 ridge is invariant but linearly unstable: full GD from N(0, σ₀²) weights leaves "
               "it (V's relative spread > 0.1) after a time that grows like log(1/σ₀), and float64 round-off alone "
               "is enough to leave it.",
@@ -338,7 +338,7 @@ def ridge_escape(seed, K, r, M, scales, steps):
         basis="deterministic given the seeds (exact population gradient); a linear instability predicts log(1/σ₀)",
         passed=bool(escaped and monotone and fit is not None and fit[0] < 0), details=rows, figure=figure,
         notes="Zero init is exactly on the ridge; any escape there comes from float64 round-off (~1e-16) amplified "
-              "by the instability. The accuracies after escape show training then succeeds (spec §7).")
+              "by the instability. The accuracies after escape show training then succeeds (docs/random_walk.md §7).")
 
 
 SYSTEM = System(

@@ -1,6 +1,6 @@
 """Claims of Ren, Wang & Lee (NeurIPS 2024) on Sparse Contextual Bigrams (derivations: docs/scb.md).
 
-This module holds claims C1–C12 of spec §10 and the Figure-1 comparison with SGD; C12 (the invariants) is checked
+This module holds claims C1–C12 of docs/scb.md §10 and the Figure-1 comparison with SGD; C12 (the invariants) is checked
 inside the Algorithm-1 claim.
 """
 from __future__ import annotations
@@ -21,19 +21,19 @@ from .systems import Parameter, System
 from .stats import Z_TOLERANCE, z_basis
 
 PAPER = "Ren, Wang & Lee, NeurIPS 2024 (arXiv:2410.23438)"
-ETA = dyn.ETA  # normalised step of spec §11
+ETA = dyn.ETA  # normalised step of docs/scb.md §11
 ROUND_OFF = 1e-12
 
 
 def _example(seed, N: int = 5, T: int = 8, sparsity: int = 2) -> SCBProblem:
-    """The spec §11 default instance (N = 5, T = 8, sparsity 2, Dirichlet(1) columns, C = 2), drawn from the run's
+    """The docs/scb.md §11 default instance (N = 5, T = 8, sparsity 2, Dirichlet(1) columns, C = 2), drawn from the run's
     instance seed (:func:`attnflow.seeding.instance`): every claim of a run studies the same instance."""
     return SCBProblem.random(N, T, sparsity, seed=seeding.instance(seed))
 
 
 @claim(
     "scb.closed_forms_match_monte_carlo",
-    reference=f"{PAPER}: Lemmas B.7–B.8 (population gradients) and the risk of spec §4 (C1, C2)",
+    reference=f"{PAPER}: Lemmas B.7–B.8 (population gradients) and the risk of docs/scb.md §4 (C1, C2)",
     statement="The population risk, the raw gradients (Lemma B.7) and the preconditioned gradients (Lemma B.8, eq. 4) "
               "equal brute-force Monte Carlo of the raw data model at generic (V, Q), and the risk at (P, Q*) is "
               "R* = ½(1 − ‖μ‖² − κK_P).",
@@ -70,16 +70,16 @@ def closed_forms_match_monte_carlo(seed, samples, chunks):
 
 
 def standardised_error(mean, standard_error, exact) -> float:
-    """‖mean − exact‖² / Σ SE²: ≈ 1 for an unbiased estimate of ``exact`` (spec §10, C1)."""
+    """‖mean − exact‖² / Σ SE²: ≈ 1 for an unbiased estimate of ``exact`` (docs/scb.md §10, C1)."""
     return float(np.sum(np.square(np.asarray(mean) - exact)) / np.sum(np.square(standard_error)))
 
 
 @claim(
     "scb.reduced_systems_are_exact",
-    reference=f"{PAPER}: Lemma C.1 (the line), eq. (7)–(8), Lemmas C.5–C.6 (spec §8.2–8.3, C3)",
+    reference=f"{PAPER}: Lemma C.1 (the line), eq. (7)–(8), Lemmas C.5–C.6 (docs/scb.md §8.2–8.3, C3)",
     statement="The full-matrix population map stays on the line from the initialisation and equals the 2-D map "
               "(eq. 7); from an off-line start it equals the exact 4-scalar closure; the risk equals its reduced "
-              "decomposition of spec §8.2.",
+              "decomposition of docs/scb.md §8.2.",
     quick=dict(steps=200), full=dict(steps=1000),
 )
 def reduced_systems_are_exact(seed, steps):
@@ -116,12 +116,12 @@ def reduced_systems_are_exact(seed, steps):
     return Outcome(
         measured=measured, predicted={name: 0.0 for name in measured},
         tolerance=f"every gap below {ROUND_OFF:g}",
-        basis="exact identities (spec §8); only floating-point round-off is allowed",
+        basis="exact identities (docs/scb.md §8); only floating-point round-off is allowed",
         passed=all(v < ROUND_OFF for v in measured.values()))
 
 
 def _flow_crossing(problem: SCBProblem, level: float, tau_max: float = 60.0) -> float:
-    """First normalised time τ with max(α_V, α_Q) >= level along the flow of spec §8.3 (dense DOPRI5 output)."""
+    """First normalised time τ with max(α_V, α_Q) >= level along the flow of docs/scb.md §8.3 (dense DOPRI5 output)."""
     taus = np.linspace(0.0, tau_max, 6001)
     top = dyn.normalised_flow(problem.epsilon, [0.0, 0.0], taus).states["alpha"].max(axis=1)
     i = int(np.argmax(top >= level))
@@ -132,7 +132,7 @@ def _flow_crossing(problem: SCBProblem, level: float, tau_max: float = 60.0) -> 
 
 @claim(
     "scb.map_approaches_flow",
-    reference=f"{PAPER}: eq. (8) and its gradient-flow limit (spec §8.3, C4)",
+    reference=f"{PAPER}: eq. (8) and its gradient-flow limit (docs/scb.md §8.3, C4)",
     statement="At a fixed normalised time τ = ηt the 2-D map differs from the flow by O(η): halving η halves the gap.",
     quick=dict(tau=5.0, etas=(0.1, 0.05, 0.025)), full=dict(tau=5.0, etas=(0.2, 0.1, 0.05, 0.025, 0.0125)),
 )
@@ -155,7 +155,7 @@ def map_approaches_flow(seed, tau, etas):
 
 @claim(
     "scb.stage1_duration",
-    reference=f"{PAPER}: Lemma D.1, τ₁ = O(log T/η) (spec §8.4, C5)",
+    reference=f"{PAPER}: Lemma D.1, τ₁ = O(log T/η) (docs/scb.md §8.4, C5)",
     statement="In the population flow the Stage-1 time τ₁ at which max(α_V, α_Q) reaches c grows like log(TK_Q) "
               "with slope 1, close to the prediction τ₁ = log(2cTK_Q) + o(1).",
     quick=dict(Ts=(48, 192, 768, 3072), c=0.1), full=dict(Ts=(48, 192, 768, 3072, 12288, 49152), c=0.1),
@@ -193,7 +193,7 @@ def stage1_duration(seed, Ts, c):
 
 @claim(
     "scb.slow_mode",
-    reference=f"{PAPER}: the need for Stage 3 (spec §8.4, C7)",
+    reference=f"{PAPER}: the need for Stage 3 (docs/scb.md §8.4, C7)",
     statement="At the optimum (1, 1) the normalised flow has a slow mode along α_V − α_Q with rate "
               "(−(2 + ε) + √(4 + ε²))/2 ≈ −1/(2TK_Q).",
     quick=dict(T=8, span=20.0), full=dict(T=64, span=200.0),
@@ -219,7 +219,7 @@ def slow_mode(seed, T, span):
 
 @claim(
     "scb.proximal_bias_and_stage3",
-    reference=f"{PAPER}: Stage 2 (eq. 6) and Stage 3 of Algorithm 1 (spec §8.5–8.6, C8)",
+    reference=f"{PAPER}: Stage 2 (eq. 6) and Stage 3 of Algorithm 1 (docs/scb.md §8.5–8.6, C8)",
     statement="In the population, proximal Stage 2 (λ > 0) follows the closed 4-scalar family exactly and converges "
               "to a biased point with ξ < 1 < α_V; Stage-3 normalisation leaves ‖Q − Q*‖²_μ = Q·b_S'²(Qκ − 1); "
               "Stage-3 GD on V converges to V_LS(Q).",
@@ -230,7 +230,7 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
     T, Qs = problem.T, problem.sparsity
     eta_V, eta_Q = eta / problem.K_Q, eta / problem.K_P
     support = problem.Q_star > 0
-    state = np.array([c1, c1, (1 - c1) * (T - Qs) / T**2, (1 - c1) / T])  # the Stage-1 entry of spec §8.5
+    state = np.array([c1, c1, (1 - c1) * (T - Qs) / T**2, (1 - c1) / T])  # the Stage-1 entry of docs/scb.md §8.5
 
     def realise(s):
         V, _ = cf.line_point(problem, s[0], 0.0)
@@ -262,14 +262,14 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
         predicted={"ξ < 1 < α_V": True, "Q·b_S'²(Qκ − 1)": formula, "V_LS": 0.0},
         tolerance=f"family and formula to round-off ({ROUND_OFF:g}); V within 1e-8 of V_LS after {steps} steps "
                   "(linear convergence, factor 1 − η_V·a)",
-        basis="exact identities of spec §8.5–8.6; deterministic population iteration",
+        basis="exact identities of docs/scb.md §8.5–8.6; deterministic population iteration",
         passed=all(checks.values()), details=[dict(check=k, passed=v) for k, v in checks.items()],
-        notes="spec §8.5's example (λ = 0.02, η = 0.3) quotes (α_V, ξ) = (1.234, 0.810) on its own random instance.")
+        notes="docs/scb.md §8.5's example (λ = 0.02, η = 0.3) quotes (α_V, ξ) = (1.234, 0.810) on its own random instance.")
 
 
 @claim(
     "scb.transfer_one_step",
-    reference=f"{PAPER}: Theorem 4.1 (= H.3), Lemmas H.1–H.2 (spec §6, C9)",
+    reference=f"{PAPER}: Theorem 4.1 (= H.3), Lemmas H.1–H.2 (docs/scb.md §6, C9)",
     statement="From V₀ = μ1ᵀ + γ(P̃ − μ1ᵀ) and uniform attention, one population Q-step moves Q exactly along "
               "Q* − (1/T)11ᵀ: α_Q(1) = η₀γ<P̃ − μ1ᵀ, P − μ1ᵀ>_μ and ΔQ(1) = 0.",
     quick=dict(gamma=0.2, rho=0.6), full=dict(gamma=0.05, rho=0.3),
@@ -277,7 +277,7 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
 def transfer_one_step(seed, gamma, rho):
     problem = _example(seed)
     P_tilde = cf.related_transition(problem, rho, seed=seed.spawn(1)[0])
-    eta0 = cf.transfer_step_size(problem, P_tilde, gamma)  # spec §13 #12: α_Q(1) = 1
+    eta0 = cf.transfer_step_size(problem, P_tilde, gamma)  # docs/scb.md §13 #12: α_Q(1) = 1
     V0, Q0 = cf.transfer_start(problem, P_tilde, gamma)
     _, Q1 = cf.population_map_step(problem, V0, Q0, 1e-300, eta0)
     c = cf.reduced_coordinates(problem, V0, Q1)
@@ -292,9 +292,9 @@ def transfer_one_step(seed, gamma, rho):
 
 @claim(
     "scb.algorithm1_recovers_ground_truth",
-    reference=f"{PAPER}: Theorem 3.1 (= G.1) and Algorithm 1, on real minibatches (spec §6, §11, C12)",
+    reference=f"{PAPER}: Theorem 3.1 (= G.1) and Algorithm 1, on real minibatches (docs/scb.md §6, §11, C12)",
     statement="The three-stage algorithm on fresh minibatches recovers (P, Q*) to 5% relative μ-norm error at the "
-              "spec §11 defaults, and keeps 1ᵀV = 1ᵀ, Vμ = μ, 1ᵀQ = 1ᵀ to round-off throughout.",
+              "docs/scb.md §11 defaults, and keeps 1ᵀV = 1ᵀ, Vμ = μ, 1ᵀQ = 1ᵀ to round-off throughout.",
     quick=dict(N=5, T=8, sparsity=2, stage1=(40, 32_000), stage2=(150, 8000), stage3=(80, 16_000), lam=0.01),
     full=dict(N=5, T=8, sparsity=2, stage1=(40, 128_000), stage2=(150, 32_000), stage3=(80, 64_000), lam=0.01),
 )
@@ -322,17 +322,17 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
     return Outcome(
         measured={"relative error of V": error_V, "relative error of Q": error_Q, "max invariant violation": invariants,
                   "samples": run.info["samples"], "soft-threshold violations (q < −η_Qλ)": run.info["violations"]},
-        predicted={"relative errors": "< 0.05 (spec §12 measured 0.011, 0.023)", "invariants": 0.0},
+        predicted={"relative errors": "< 0.05 (docs/scb.md §12 measured 0.011, 0.023)", "invariants": 0.0},
         tolerance=f"both relative errors below 0.05; invariants below {ROUND_OFF:g}",
-        basis="the issue's recovery criterion (5%); the invariants are exact for the preconditioned update (spec §5)",
+        basis="the issue's recovery criterion (5%); the invariants are exact for the preconditioned update (docs/scb.md §5)",
         passed=error_V < 0.05 and error_Q < 0.05 and invariants < ROUND_OFF, figure=figure,
         notes="The paper says entries below −η_Qλ never occur in the soft threshold; the count above says how often "
-              "they did on minibatches (spec §13 #4).")
+              "they did on minibatches (docs/scb.md §13 #4).")
 
 
 @claim(
     "scb.proximal_beats_sgd",
-    reference=f"{PAPER}: Figure 1 (spec §10): at a small batch the proximal algorithm converges where SGD stalls",
+    reference=f"{PAPER}: Figure 1 (docs/scb.md §10): at a small batch the proximal algorithm converges where SGD stalls",
     statement="After a shared Stage 1, proximal Stage 2 (λ > 0) with rounding, normalisation and V_LS reaches a "
               "smaller distance to (P, Q*) than vanilla SGD (λ = 0, same batch) at either step size, in every seed.",
     quick=dict(T=32, stage1=(45, 30_000), steps=300, batch=1000, lam=0.005, sgd_etas=(0.25, 0.05), seeds=2),
@@ -380,12 +380,12 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
         passed=worst_prox[0] < best_sgd[0] and worst_prox[1] < best_sgd[1], details=[{k: (list(v) if isinstance(v, tuple) else v) for k, v in r.items()}
                                                for r in rows], figure=figure,
         notes="Errors are (‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q) at the end. SGD's off-support attention noise grows "
-              "like T/B (spec §9), which is what λ > 0 removes.")
+              "like T/B (docs/scb.md §9), which is what λ > 0 removes.")
 
 
 @claim(
     "scb.minibatch_tracks_population",
-    reference=f"{PAPER}: the minibatch analysis of Stages 1–2 (Lemmas D.x, E.x; spec §10, C10)",
+    reference=f"{PAPER}: the minibatch analysis of Stages 1–2 (Lemmas D.x, E.x; docs/scb.md §10, C10)",
     statement="At a fixed horizon the distance between a minibatch run and the population map scales like B^{-1/2} "
               "in Stage 1 (λ = 0, on the line), and at least that fast in proximal Stage 2 (λ > 0, full matrices), "
               "where the soft threshold removes sub-threshold noise entirely.",
@@ -398,7 +398,7 @@ def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
     problem = _example(seed)
     eta_V, eta_Q = ETA / problem.K_Q, ETA / problem.K_P
     line = dyn.line_trajectory(problem, eta_V, eta_Q, horizon).states["alpha"]
-    # Stage 2 starts from the rounded population point at α_Q = 0.5 (spec §8.5's entry), V on its line.
+    # Stage 2 starts from the rounded population point at α_Q = 0.5 (docs/scb.md §8.5's entry), V on its line.
     V0, Q0 = cf.line_point(problem, 0.5, 0.5)
     Q0 = dyn.round_to_supports(problem, Q0)
     V_pop, Q_pop = cf.population_map(problem, V0, Q0, eta_V, eta_Q, lam, steps=horizon)
@@ -434,7 +434,7 @@ def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
                   "slower than B^{-1/2})",
         basis=f"expanded-percentile bootstrap over {seeds} seeds (docs/sweeps.md)",
         passed=fits["Stage 1"].contains(-0.5) and fits["Stage 2 (λ > 0)"].low <= -0.5, figure=figure,
-        notes="Stage 2 decays faster than B^{-1/2} at large B (spec §12 measured −0.57): the threshold zeroes the "
+        notes="Stage 2 decays faster than B^{-1/2} at large B (docs/scb.md §12 measured −0.57): the threshold zeroes the "
               "noise on off-support entries once it falls below η_Qλ.",
         details=[dict(batch=b, stage1=float(stage1[i].mean()), stage2=float(stage2[i].mean()))
                  for i, b in enumerate(batches)])
@@ -442,7 +442,7 @@ def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
 
 @claim(
     "scb.noise_floor_without_threshold",
-    reference=f"{PAPER}: the role of the ℓ₁ step (spec §9, C11)",
+    reference=f"{PAPER}: the role of the ℓ₁ step (docs/scb.md §9, C11)",
     statement="Started at the ground truth, Stage 2 with λ = 0 at a fixed batch lets the off-support attention entries "
               "spread by an amount growing like (T − Q − 1)(1 − 1/T)/B (log-log slope 1); the proximal step "
               "(λ > 0) suppresses the spread.",
@@ -463,7 +463,7 @@ def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds):
                                     record_every=steps)
                 out[i, s] = cf.off_support_spread(problem, run.final["Q"])
     # Degrees of freedom of the spread: T − Q − 1 off-support entries measured about their own mean, each with the
-    # variance the centred gradient (I − 11ᵀ/T) leaves, (1 − 1/T) of the uncentred one (spec §9 heuristic).
+    # variance the centred gradient (I − 11ᵀ/T) leaves, (1 − 1/T) of the uncentred one (docs/scb.md §9 heuristic).
     degrees = [(T - _example(seed, T=T).sparsity - 1) * (1 - 1 / T) for T in Ts]
     fit = fit_exponent(degrees, plain, seed=seeding.named(seed, "bootstrap"))
     ratio = float((proximal.mean(axis=1) / plain.mean(axis=1)).max())
@@ -518,7 +518,7 @@ def _stage1_exit_success(seed, T, c1, tracking, residual):
 
 def _stage2_success(seed, T, steps, lam, target):
     """Stage 2 from the rounded population point at α = (0.5, 0.5) for ``steps`` steps: with λ > 0 the proximal
-    algorithm (rounding, Stage 2, normalisation, V_LS); with λ = 0 vanilla SGD (spec §13 #14). Success: both
+    algorithm (rounding, Stage 2, normalisation, V_LS); with λ = 0 vanilla SGD (docs/scb.md §13 #14). Success: both
     relative μ-norm errors at most ``target``."""
     problem = _example(seed, T=T)
     start = cf.line_point(problem, 0.5, 0.5)
@@ -541,7 +541,7 @@ def _log_slope(Ts) -> float:
 
 @claim(
     "scb.critical_batch",
-    reference=f"{PAPER}: Theorem 3.1 sample counts and spec §9 heuristics (C6; spec §13 #13: exponents fitted, "
+    reference=f"{PAPER}: Theorem 3.1 sample counts and docs/scb.md §9 heuristics (C6; docs/scb.md §13 #13: exponents fitted, "
               "only the split asserted)",
     statement="The critical batch B_crit(T) (the smallest batch at which 90% of seeds succeed) grows polynomially in "
               "T for Stage 1 (success = Lemma D.1's exit state), at most logarithmically for proximal Stage 2 "
@@ -607,7 +607,7 @@ def critical_batch(seed, Ts, vanilla_Ts, seeds, c1, tracking, residual, steps, l
               "exponents of the median first success, with an expanded-percentile bootstrap over seeds "
               "(docs/sweeps.md) plus the grid quantisation",
         passed=all(checks.values()), figure=figure,
-        notes="Success criteria (spec §10 C6 leaves them open; docs/scb.md): Stage 1 must reach the population's "
+        notes="Success criteria (docs/scb.md §10 C6 leaves them open; docs/scb.md): Stage 1 must reach the population's "
               f"(α_V, α_Q) within {tracking:.0%} at its α_Q = {c1:g} step with residuals ‖ΔV‖, ‖ΔQ‖ at most "
               f"{residual:g}× the line signal; Stage 2 runs {steps} steps from the rounded α = 0.5 point and must end "
               f"within {target:g} relative μ-norm error of (P, Q*). The rounding curve shows what the algorithm "
