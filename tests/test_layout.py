@@ -93,3 +93,34 @@ def test_the_front_door():
     assert attnflow.__version__ and attnflow.__version__ != "0+unknown"
     assert set(attnflow.__all__) <= set(dir(attnflow))
     assert {"gd_beta", "one_nn", "random_walk", "group_sparse", "scb"} <= set(attnflow.system_keys())
+
+
+CITATION = re.compile(r"docs/(?P<doc>[a-z_]+)\.md,?\s+§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
+BARE_CITATION = re.compile(r"(?<!md )(?<!md, )§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
+HEADING = re.compile(r"^#{2,4}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
+
+
+def _sections(doc: Path) -> set[str]:
+    return set(HEADING.findall(doc.read_text())) if doc.exists() else set()
+
+
+def test_every_section_cited_exists():
+    """``docs/<system>.md §k`` in code, tests, notebooks and docs (and a bare ``§k`` inside docs/<system>.md) names
+    a numbered heading of that page: the derivations live in the repository, and a citation cannot dangle."""
+    dangling = []
+    for path in _tracked("*.py", "*.ipynb", "*.md"):
+        text = _text(path)
+        cited = [(m.group("doc"), m.group("first"), m.group("last")) for m in CITATION.finditer(text)]
+        if path.parent.name == "docs" and path.suffix == ".md":
+            cited += [(path.stem, m.group("first"), m.group("last")) for m in BARE_CITATION.finditer(text)]
+        for doc, *numbers in cited:
+            sections = _sections(ROOT / "docs" / f"{doc}.md")
+            dangling += [f"{path.relative_to(ROOT)}: docs/{doc}.md §{number}" for number in numbers
+                         if number and number not in sections]
+    assert not dangling, "cited sections with no heading:\n" + "\n".join(sorted(set(dangling)))
+
+
+def test_no_citation_outside_the_repository():
+    offenders = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in _tracked("*.py", "*.ipynb", "*.md")
+                 for m in re.finditer(r"\bspec §\S+|\.\./shared\S*", _text(path))]
+    assert not offenders, "\n".join(offenders)

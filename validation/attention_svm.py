@@ -56,7 +56,7 @@ SINGLE_INITS = (1.0, 0.5, 0.0, -0.5, -1.0, -1.5)
 
 
 @claim("attention_svm.single_input_svm",
-       reference=f"{MM}: Att-SVM (eq. Att-SVM), single-input figure; docs §7.2",
+       reference=f"{MM}: Att-SVM (eq. Att-SVM), single-input figure; docs/attention_svm.md §7.2",
        statement="On the single-input toy the Att-SVM of the optimal token is p^mm = (−0.1, 1, 0)/1.01 with only the "
                  "constraint against token 2 active, and the SVM of token 1 is (1, 0, 0), again with token 2 active.",
        quick={}, full={})
@@ -95,7 +95,7 @@ def _paths_figure(runs, targets, title, upto=200):
 
 
 @claim("attention_svm.single_input_global",
-       reference=f"{MM}: global convergence theorem (equal non-optimal scores), single-input figure; docs §5",
+       reference=f"{MM}: global convergence theorem (equal non-optimal scores), single-input figure; docs/attention_svm.md §5",
        statement="When the non-optimal tokens have equal scores (0.9, 0.9), normalised GD from each of the six paper "
                  "initialisations converges in direction to p^mm(opt).",
        quick=dict(steps=1000), full=dict(steps=4000))
@@ -115,7 +115,7 @@ def single_input_global(seed, steps):
 
 
 @claim("attention_svm.single_input_local",
-       reference=f"{MM}: local convergence theorem, single-input figure (γ₂ = 0); docs §5",
+       reference=f"{MM}: local convergence theorem, single-input figure (γ₂ = 0); docs/attention_svm.md §5",
        statement="With the third token's score 0, token 1 is locally optimal; every NGD run converges to p^mm(opt) or "
                  "to p^mm(α=1) and to nothing else, and both limits occur.",
        quick=dict(steps=1000), full=dict(steps=4000))
@@ -140,7 +140,7 @@ def single_input_local(seed, steps):
 
 
 @claim("attention_svm.escape_not_locally_optimal",
-       reference=f"{MM}: local convergence theorem (converse: only locally optimal directions attract); docs §5",
+       reference=f"{MM}: local convergence theorem (converse: only locally optimal directions attract); docs/attention_svm.md §5",
        statement="Started deep in the cone of p^mm(α=1) (p₀ = 5(1, ±0.05, 0)), NGD leaves it when token 1 is not "
                  "locally optimal (scores 0.9/0.9) and ends at p^mm(opt); with γ₂ = 0 (locally optimal) it stays.",
        quick=dict(steps=1000, radius=5.0), full=dict(steps=4000, radius=10.0))
@@ -185,7 +185,7 @@ def _multi_runs(steps_min: int, steps_max: int):
 
 
 @claim("attention_svm.multi_input_direction",
-       reference=f"{MM}: global convergence, multi-input figure; docs §7.3",
+       reference=f"{MM}: global convergence, multi-input figure; docs/attention_svm.md §7.3",
        statement="On the multi-input toy NGD from the six paper initialisations converges in direction to p^mm(opt).",
        quick=dict(steps_min=4000, steps_max=20000), full=dict(steps_min=8000, steps_max=40000))
 def multi_input_direction(seed, steps_min, steps_max):
@@ -203,7 +203,7 @@ def multi_input_direction(seed, steps_min, steps_max):
 
 
 @claim("attention_svm.ngd_rate",
-       reference=f"{MM}: NGD convergence; the rate is derived in docs §6.4",
+       reference=f"{MM}: NGD convergence; the rate is derived in docs/attention_svm.md §6.4",
        statement="Past the transient, NGD's directional error falls like 1 − corr(p_k, p^mm) ∝ k^{−2}.",
        quick=dict(steps_min=4000, steps_max=20000), full=dict(steps_min=8000, steps_max=40000))
 def ngd_rate(seed, steps_min, steps_max):
@@ -231,14 +231,14 @@ def ngd_rate(seed, steps_min, steps_max):
                    predicted={"slope": -2.0},
                    tolerance=f"the bootstrap interval widened by ±{allowance} contains −2",
                    basis="bootstrap over the 6 initialisations (expanded percentile, 95%); ±0.2 allows the O(1/(ηk)) "
-                         "next-order term of docs §6.4 (pre-asymptotic slopes are shallower)",
+                         "next-order term of docs/attention_svm.md §6.4 (pre-asymptotic slopes are shallower)",
                    passed=fit.low - allowance <= -2.0 <= fit.high + allowance, figure=figure,
                    notes="The early slope shows the transient: the asymptotic law holds only past ≈ ||p^mm||/(η·gap) "
                          "steps.")
 
 
 @claim("attention_svm.ngd_norm_growth",
-       reference=f"{MM}: NGD; norm growth derived in docs §6.3",
+       reference=f"{MM}: NGD; norm growth derived in docs/attention_svm.md §6.3",
        statement="Normalised GD's norm grows linearly: ||p_k||/(ηk) → 1.",
        quick=dict(steps_min=4000, steps_max=20000), full=dict(steps_min=8000, steps_max=40000))
 def ngd_norm_growth(seed, steps_min, steps_max):
@@ -247,7 +247,7 @@ def ngd_norm_growth(seed, steps_min, steps_max):
     worst = max(abs(x - 1) for x in ratios)
     return Outcome(measured={"min ||p_k||/(ηk)": min(ratios), "max ||p_k||/(ηk)": max(ratios)},
                    predicted={"||p_k||/(ηk)": 1.0}, tolerance="within ±2%",
-                   basis="||p_k|| = ηk + O(1) (docs §6.3) with O(1) ≤ ||p_0|| + ||p_⊥|| ≲ 8 at ηk ≥ 400",
+                   basis="||p_k|| = ηk + O(1) (docs/attention_svm.md §6.3) with O(1) ≤ ||p_0|| + ||p_⊥|| ≲ 8 at ηk ≥ 400",
                    passed=worst < 0.02, details=[dict(p0_1=c, ratio=x) for c, x in zip(SINGLE_INITS, ratios)])
 
 
@@ -259,7 +259,7 @@ TWO_TOKEN_C = (1.0, 2.0, 5.0, 10.0, 100.0)
 
 
 @claim("attention_svm.two_token_direction_and_offset",
-       reference=f"{MM}: loss-comparison figure; offset derived in docs §6.2",
+       reference=f"{MM}: loss-comparison figure; offset derived in docs/attention_svm.md §6.2",
        statement="On the two-token toy, NGD converges to the direction (1, 0, 0) for every C and loss (measured on "
                  "the increment p_k − p_{k/2}), and its second coordinate to the finite offset p₂* = ½ log(C|ℓ'(C)|/|ℓ'(1)|); the general offset formula gives "
                  "the same number.",
@@ -297,14 +297,14 @@ def two_token_direction_and_offset(seed, steps):
                    predicted={"corr": 1.0, "|p₂ − p₂*|": 0.0},
                    tolerance="corr > 0.9999, |p₂ − p₂*| < 1e-6, formulas agree to 1e-10",
                    basis="both constraints are active and there are no non-support tokens, so the offset converges "
-                         "geometrically (docs §6.2); 1e-6 leaves room for the NGD step's O(η) oscillation. The iterate's "
+                         "geometrically (docs/attention_svm.md §6.2); 1e-6 leaves room for the NGD step's O(η) oscillation. The iterate's "
                          "own corr is lower where |p₂*| is large (exp loss, C = 100: p₂* ≈ −47) — that is the offset, "
                          "1 − corr ≈ p₂*²/(2η²k²)",
                    passed=corr > 0.9999 and error < 1e-6 and formula < 1e-10, details=rows, figure=figure)
 
 
 @claim("attention_svm.gd_log_norm_growth",
-       reference=f"{MM}: GD with constant step; the law is derived in docs §6.3",
+       reference=f"{MM}: GD with constant step; the law is derived in docs/attention_svm.md §6.3",
        statement="Plain GD grows like p₁(k) = ||p^mm|| log k − log((1 + e)/η) + o(1) on the two-token toy (C = 1, "
                  "logistic): slope dp₁/dlog k → ||p^mm|| = 1.",
        quick=dict(steps=30000, eta=1.0), full=dict(steps=100000, eta=1.0))
@@ -319,7 +319,7 @@ def gd_log_norm_growth(seed, steps, eta):
     return Outcome(measured={"dp₁/dlog k": fit.slope, "p₁ − log k at the end": intercept},
                    predicted={"dp₁/dlog k": 1.0, "p₁ − log k": predicted_intercept},
                    tolerance="slope within ±1%; intercept within 0.01",
-                   basis="o(1) corrections of order ||p^mm||/(ηk·gap)·… ≲ 1e-3 at k ≥ 1e4 (docs §6.3); deterministic",
+                   basis="o(1) corrections of order ||p^mm||/(ηk·gap)·… ≲ 1e-3 at k ≥ 1e4 (docs/attention_svm.md §6.3); deterministic",
                    passed=abs(fit.slope - 1) < 0.01 and abs(intercept - predicted_intercept) < 0.01,
                    details=[dict(k=int(a), p1=float(b)) for a, b in zip(k, p1)])
 
@@ -370,7 +370,7 @@ ENSEMBLE_FULL = dict(instances=100, w_steps=16000, kq_steps=4000)
 
 
 @claim("attention_svm.softmax_saturates",
-       reference=f"{SVM}: local-convergence figure (softmax probability); docs §7.6",
+       reference=f"{SVM}: local-convergence figure (softmax probability); docs/attention_svm.md §7.6",
        statement="On random instances (n = 6, T = 8, d = 10) both parameterisations drive the softmax to a single "
                  "token in every input: max_i (1 − max_t s_it) → 0.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
@@ -396,7 +396,7 @@ def softmax_saturates(seed, instances, w_steps, kq_steps):
 
 
 @claim("attention_svm.selected_tokens_locally_optimal",
-       reference=f"{SVM}: local convergence theorem; docs §4–§5",
+       reference=f"{SVM}: local convergence theorem; docs/attention_svm.md §4–§5",
        statement="The token choice α that GD selects is locally optimal: for W in at least 95% of runs (Frobenius "
                  "support), for (K,Q) in at least 90% of runs (nuclear support) at the papers' horizon.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
@@ -416,7 +416,7 @@ def selected_tokens_locally_optimal(seed, instances, w_steps, kq_steps):
                    predicted={"W locally optimal": "≥ 95%", "(K,Q) locally optimal": "≥ 90%"},
                    tolerance="the 95% Clopper–Pearson upper bound of the fraction ≥ 0.95 (W), ≥ 0.9 (K,Q)",
                    basis="the theorem is about the limit; at a finite horizon a run can be in the middle of a late "
-                         "token switch (docs §6.6), and (K,Q) is short of convergence (§6.5), so the claim is the "
+                         "token switch (docs/attention_svm.md §6.6), and (K,Q) is short of convergence (§6.5), so the claim is the "
                          "fraction at the horizon, tested exactly (binomial; false-FAIL ≤ 2.5% at the boundary)",
                    passed=w_high >= 0.95 and kq_high >= 0.9)
 
@@ -427,7 +427,7 @@ def _locally_optimal_from(problem, alpha, sol) -> bool:
 
 
 @claim("attention_svm.w_converges_to_frobenius_svm",
-       reference=f"{SVM}: local convergence theorem, local-convergence figure (W); docs §7.6",
+       reference=f"{SVM}: local convergence theorem, local-convergence figure (W); docs/attention_svm.md §7.6",
        statement="W-NGD converges in direction to the Frobenius SVM W^mm_α of its selected α: median 1 − corr < 5e-3 "
                  "at k = 2000 and < 2e-4 at k = 8000, and ≥ 95% of runs end with corr > 0.99.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
@@ -453,13 +453,13 @@ def w_converges_to_frobenius_svm(seed, instances, w_steps, kq_steps):
                              "corr > 0.99 at the end": _fraction(good, len(runs))},
                    predicted={f"at {w_steps // 4}": "< 5e-3", f"at {w_steps}": "< 2e-4", "fraction": "≥ 0.95"},
                    tolerance="the two medians below the thresholds; the fraction's 95% CP upper bound ≥ 0.95",
-                   basis="thresholds ≈ 4× the offset law ||ρ*||²/(2η²k²) at the median ||ρ*|| ≈ 8 (docs §6.4); the "
-                         "fraction is tested exactly (binomial), leaving room for late token switches (docs §6.6)",
+                   basis="thresholds ≈ 4× the offset law ||ρ*||²/(2η²k²) at the median ||ρ*|| ≈ 8 (docs/attention_svm.md §6.4); the "
+                         "fraction is tested exactly (binomial), leaving room for late token switches (docs/attention_svm.md §6.6)",
                    passed=early < 5e-3 and late < 2e-4 and high >= 0.95, figure=figure)
 
 
 @claim("attention_svm.w_rate",
-       reference=f"{SVM}: W-NGD; the rate is derived in docs §6.4",
+       reference=f"{SVM}: W-NGD; the rate is derived in docs/attention_svm.md §6.4",
        statement="The median directional error of W-NGD falls like k^{−2} on [k_end/4, k_end].",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
 def w_rate(seed, instances, w_steps, kq_steps):
@@ -473,12 +473,12 @@ def w_rate(seed, instances, w_steps, kq_steps):
                    predicted={"slope": -2.0},
                    tolerance=f"|slope + 2| < {allowance} (the O(1/(ηk)) next-order term and late switches)",
                    basis="a bootstrap over instances gives the interval; the allowance covers the transient "
-                         "(docs §6.4; slopes of −1.92 to −2.0 at this horizon)",
+                         "(docs/attention_svm.md §6.4; slopes of −1.92 to −2.0 at this horizon)",
                    passed=abs(fit.estimate + 2) < allowance)
 
 
 @claim("attention_svm.offset_matches_prediction",
-       reference=f"{SVM}: W-NGD; the offset ρ* is derived in docs §6.2",
+       reference=f"{SVM}: W-NGD; the offset ρ* is derived in docs/attention_svm.md §6.2",
        statement="The finite part of W_k converges to the closed-form offset ρ*: median ||ρ_k − ρ*||/||ρ*|| < 0.05 "
                  "at the end, over the runs whose selected α admits ρ*.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
@@ -506,14 +506,14 @@ def offset_matches_prediction(seed, instances, w_steps, kq_steps):
                              "instances without ρ*": len(skipped)},
                    predicted={"relative error": 0.0},
                    tolerance="median < 0.05",
-                   basis="the remainder decays as the non-support weights die out (docs §6.2); at this horizon the median "
+                   basis="the remainder decays as the non-support weights die out (docs/attention_svm.md §6.2); at this horizon the median "
                          "is 4e-3 to 1e-2 on independent ensembles, so 0.05 allows a 5× slower transient",
                    passed=len(rows) >= len(runs) // 2 and median < 0.05, details=rows,
                    notes="; ".join(skipped))
 
 
 @claim("attention_svm.kq_converges_to_nuclear_svm",
-       reference=f"{SVM}: (K,Q) implicit bias (nuclear-norm SVM), local-convergence figure (K,Q); docs §6.5",
+       reference=f"{SVM}: (K,Q) implicit bias (nuclear-norm SVM), local-convergence figure (K,Q); docs/attention_svm.md §6.5",
        statement="(K,Q)-NGD converges in direction to the nuclear-norm SVM W*^mm_α: the median 1 − corr is < 2e-2 at "
                  "the horizon and decreasing, and ≥ 85% of runs are within 5e-2.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
@@ -540,13 +540,13 @@ def kq_converges_to_nuclear_svm(seed, instances, w_steps, kq_steps):
                    predicted={"median": "< 2e-2 and decreasing", "fraction": "≥ 0.85"},
                    tolerance="median < 2e-2 and below its value at half the horizon; the fraction's 95% CP upper "
                              "bound ≥ 0.85",
-                   basis="(K,Q) converges slowly (docs §6.5), so the claim is stated at the horizon; the fraction is "
+                   basis="(K,Q) converges slowly (docs/attention_svm.md §6.5), so the claim is stated at the horizon; the fraction is "
                          "tested exactly (binomial)",
                    passed=median_end < 2e-2 and median_end < median_half and high >= 0.85, figure=figure)
 
 
 @claim("attention_svm.parameterisations_differ",
-       reference=f"{SVM}: W-SVM vs nuclear W-SVM (the implicit bias depends on the parameterisation); docs §3, §6.5",
+       reference=f"{SVM}: W-SVM vs nuclear W-SVM (the implicit bias depends on the parameterisation); docs/attention_svm.md §3, §6.5",
        statement="Every W-run ends closer to the Frobenius SVM than to the nuclear one, and at least 90% of (K,Q)-runs "
                  "end closer to the nuclear SVM than to the Frobenius one at the papers' horizon.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
@@ -576,7 +576,7 @@ def parameterisations_differ(seed, instances, w_steps, kq_steps):
 
 
 @claim("attention_svm.svm_solvers_certified",
-       reference=f"{SVM}: W-SVM and nuclear W-SVM; docs §3.1–§3.2",
+       reference=f"{SVM}: W-SVM and nuclear W-SVM; docs/attention_svm.md §3.1–§3.2",
        statement="On the ensemble's instances the Frobenius SVM satisfies its KKT conditions to round-off and the "
                  "nuclear SVM closes its duality gap; the nuclear solution is feasible and no larger in nuclear norm "
                  "than the Frobenius one.",
@@ -614,7 +614,7 @@ def _joint_run(problem, steps):
 
 
 @claim("attention_svm.joint_tight",
-       reference=f"{MM}: joint (v, p) training theorem, joint-training figure (tight); docs §4, §7.5",
+       reference=f"{MM}: joint (v, p) training theorem, joint-training figure (tight); docs/attention_svm.md §4, §7.5",
        statement="When every input is a support vector of the value SVM, joint NGD converges to (v^mm, p^mm).",
        quick=dict(steps=1000), full=dict(steps=4000))
 def joint_tight(seed, steps):
@@ -632,7 +632,7 @@ def joint_tight(seed, steps):
 
 
 @claim("attention_svm.joint_relaxed",
-       reference=f"{MM}: joint (v, p) training theorem (relaxed SVM), joint-training figure (relaxed); docs §4, §7.5",
+       reference=f"{MM}: joint (v, p) training theorem (relaxed SVM), joint-training figure (relaxed); docs/attention_svm.md §4, §7.5",
        statement="When input 3 is not a support vector of the value SVM, p converges to the relaxed SVM p^relax = "
                  "(1, 0), not to p^mm = (5/4, 1/4).",
        quick=dict(steps=1000), full=dict(steps=4000))
@@ -665,7 +665,7 @@ def joint_relaxed(seed, steps):
 
 
 @claim("attention_svm.nuclear_svm_rank",
-       reference=f"{SVM}: SVM-rank figure; docs §7.8",
+       reference=f"{SVM}: SVM-rank figure; docs/attention_svm.md §7.8",
        statement="The nuclear-norm SVM has lower rank than the Frobenius SVM (n = T = 5): mean ranks equal or lower "
                  "at every d ≥ 3 and strictly lower at the largest d; infeasible instances are counted.",
        quick=dict(ds=(2, 3, 5, 10, 20), seeds=8, max_iterations=5000),
@@ -721,7 +721,7 @@ def nuclear_svm_rank(seed, ds, seeds, max_iterations):
 
 
 @claim("attention_svm.regularisation_path",
-       reference=f"{MM}; {SVM}: regularisation-path theorem; docs §5",
+       reference=f"{MM}; {SVM}: regularisation-path theorem; docs/attention_svm.md §5",
        statement="The regularisation path θ_R = argmin_{||θ|| ≤ R} L converges in direction to θ^mm: 1 − corr falls "
                  "faster than 1/R between R_max/4 and R_max (multi-input toy and one random W instance).",
        quick=dict(R_max_p=128.0, R_max_w=32.0, points=6), full=dict(R_max_p=512.0, R_max_w=128.0, points=8))
@@ -748,14 +748,14 @@ def regularisation_path(seed, R_max_p, R_max_w, points):
     measured.update({f"{r['instance']}: per doubling": ", ".join(f"{x:.2f}" for x in r["slopes"]) for r in rows})
     return Outcome(measured=measured, predicted={"1 − corr": "→ 0, asymptotically like R^-2"},
                    tolerance="1 − corr falls faster than R^-1 from R_max/4 to R_max (mean exponent < −1)",
-                   basis="a bounded perpendicular part gives 1 − corr ∝ R^-2 asymptotically (docs §5.1); an exponent "
+                   basis="a bounded perpendicular part gives 1 − corr ∝ R^-2 asymptotically (docs/attention_svm.md §5.1); an exponent "
                          "below −1 allows the transient (measured −1.5 at R = 16–32 on random W instances) while "
                          "refusing stagnation at a wrong direction (exponent 0)",
                    passed=all(r["ok"] for r in rows), details=rows, figure=figure)
 
 
 # ==================================================================================================
-# SVM-equivalence: the nonlinear head (docs §7.7)
+# SVM-equivalence: the nonlinear head (docs/attention_svm.md §7.7)
 # ==================================================================================================
 
 SVMEQ_SELECTED = 1e-3   # O_i = {t : s_it > 1e-3}
@@ -812,7 +812,7 @@ def _svmeq_runs(seed, d, runs, steps):
 
 
 @claim("attention_svm.svm_equivalence",
-       reference=f"{SVM}: multi-token (nonlinear-head) SVM-equivalence figure; docs §7.7",
+       reference=f"{SVM}: multi-token (nonlinear-head) SVM-equivalence figure; docs/attention_svm.md §7.7",
        statement="With the head 1^T ReLU(V^T X^T s) (n = 3, T = 4), NGD runs that end with a clean token selection "
                  "O_i approach W^SVMeq = W^fin + R·W^dir more closely than W^dir alone: the median over runs of "
                  "(1 − corr(W_k, W^SVMeq))/(1 − corr(W_k, W^dir)) is below 1 (tested at k = K/2, R fitted at K).",
@@ -865,7 +865,7 @@ def svm_equivalence(seed, ds, runs, steps):
                          f"with {n} untied runs it needs {k_star} below, nominal false-FAIL rate "
                          f"{false_fail:.1e} if the true fraction is {SVMEQ_REFERENCE}. At K the ratio is ≤ 1 for every "
                          f"run by construction (W^SVMeq is a least-squares projection of W_K onto a space containing "
-                         f"W^dir, docs §7.7), so the test is at K/2",
+                         f"W^dir, docs/attention_svm.md §7.7), so the test is at K/2",
                    passed=bool(n > 0 and low > 0.5),
                    details=[{k: v for k, v in r.items()} for r in rows], figure=figure,
                    notes="Ties (|ratio − 1| ≤ 1e-9) are runs whose O_i are single tokens: then W^fin = 0 and the two "
