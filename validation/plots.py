@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
 
 THEORY = dict(color="black", linestyle="--", linewidth=1.4)
 SIMULATION = dict(marker="o", linestyle="none", markersize=4, capsize=3)
@@ -35,12 +34,12 @@ def finish(ax, title: str, xlabel: str, ylabel: str, logx: bool = False, logy: b
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    # matplotlib's log formatter labels minor ticks only when the axis spans about a decade or less, so a short
+    # log axis keeps its numbers and a long one is not crowded
     if logx:
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short decades
     if logy:
         ax.set_yscale("log")
-        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
