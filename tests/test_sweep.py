@@ -58,7 +58,7 @@ def test_rerun_reuses_the_store_and_changing_anything_recomputes(tmp_path):
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) == 12 and all(f.endswith(".json") for f in files)  # no temporary files left behind
     record = json.loads((tmp_path / files[0]).read_text())
-    assert set(record) >= {"key", "target", "params", "seed", "version", "result", "seconds", "run_id"}
+    assert set(record) >= {"key", "target", "params", "seed", "version", "code", "result", "seconds", "run_id"}
 
 
 def test_killed_sweep_resumes_with_every_task_computed_exactly_once(tmp_path):
@@ -215,3 +215,35 @@ def test_clopper_pearson_interval_at_the_edges_has_its_closed_form():
     assert high == 1.0 and low == pytest.approx(0.025 ** (1 / 10), rel=1e-12)
     with pytest.raises(ValueError):
         clopper_pearson(3, 2)
+
+
+def test_an_edited_module_changes_the_fingerprint_of_what_imports_it(tmp_path, monkeypatch):
+    from attnflow.validation import fingerprint
+    package = tmp_path / "fp_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kernel.py").write_text("def rate():\n    return 1.0\n")
+    (package / "unrelated.py").write_text("X = 1\n")
+    (package / "claims.py").write_text("from fp_probe.kernel import rate\nfrom . import kernel\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fresh(name):
+        fingerprint.module_fingerprint.cache_clear()
+        return fingerprint.module_fingerprint(name)
+
+    before = fresh("fp_probe.claims")
+    (package / "unrelated.py").write_text("X = 2\n")
+    assert fresh("fp_probe.claims") == before  # not imported: not part of it
+    (package / "kernel.py").write_text("def rate():\n    return 2.0\n")
+    assert fresh("fp_probe.claims") != before
+    with pytest.raises(ValueError, match="no Python source"):
+        fresh("fp_probe.absent")
+
+
+def test_records_of_edited_code_are_not_reused(tmp_path, monkeypatch):
+    first = sweep.run_sweep(TARGET, {"batch_size": [8]}, seeds=2, store=tmp_path, n_jobs=1, master_seed=0)
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert record["code"] == sweep.target_fingerprint(TARGET)
+    monkeypatch.setattr(sweep, "target_fingerprint", lambda target: "0" * 16)  # as after an edited kernel
+    edited = sweep.run_sweep(TARGET, {"batch_size": [8]}, seeds=2, store=tmp_path, n_jobs=1, master_seed=0)
+    assert (first.computed, edited.computed, edited.reused) == (2, 2, 0)

@@ -3,9 +3,11 @@ cluster, each finished task written to a plain-file result store as it completes
 
 A task is (target, parameters, seed). The target is a registered observable (``attnflow.validation.claims.observable``)
 or a claim, whose settings the grid overrides. The store holds one JSON file per finished task, named by a
-content hash of (target, parameters, seed, attnflow version) and written atomically, so a sweep killed at any
+content hash of (target, parameters, seed, attnflow version, code fingerprint) and written atomically, so a sweep killed at any
 point loses at most the tasks that were still running, and a rerun computes only what is missing. Loading never
-unpickles anything.
+unpickles anything. The code fingerprint (:mod:`attnflow.validation.fingerprint`) hashes the source of the
+target's module and of everything it imports within attnflow and its own package, so a record computed by code
+that has since been edited is not found under the new key and is computed afresh.
 
 Replicate i of a sweep uses child i of the sweep's seed (:func:`attnflow.seeding.child`) at every grid point (a
 paired design: common random numbers across the grid make slope estimates less noisy), so the numbers do not
@@ -33,6 +35,7 @@ from attnflow import seeding
 
 from . import claims as claims_module
 from . import systems
+from .fingerprint import module_fingerprint
 from .claims import ScalingLaw, observable
 from .report import version
 from .stats import ExponentFit, fit_exponent
@@ -69,11 +72,12 @@ class Task:
     params: tuple  # sorted (name, value) pairs
     seed: dict  # the replicate's SeedSequence as a record (attnflow.seeding.to_record)
     replicate: int
+    code: str  # fingerprint of the source that computes the target
 
     @property
     def key(self) -> str:
         payload = json.dumps(dict(target=self.target, params=[[k, _canonical(v)] for k, v in self.params],
-                                  seed=self.seed, version=version()), sort_keys=True)
+                                  seed=self.seed, version=version(), code=self.code), sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
     def as_dict(self) -> dict:
@@ -105,13 +109,21 @@ def parse_grid(specs: list[str]) -> dict:
     return grid
 
 
+def target_fingerprint(target: str) -> str:
+    """The code fingerprint of the module that defines an observable's or a claim's function."""
+    obs = systems.find_observable(target)
+    function = obs.function if obs is not None else systems.select([target])[0].function
+    return module_fingerprint(function.__module__)
+
+
 def _tasks(target: str, grid: dict, seeds: int, master_seed: seeding.SeedLike) -> list[Task]:
     names = sorted(grid)
+    code = target_fingerprint(target)
     tasks = []
     for values in itertools.product(*(grid[n] for n in names)):
         params = tuple(zip(names, values))
         for i in range(seeds):
-            tasks.append(Task(target, params, seeding.to_record(replicate_seed(master_seed, i)), i))
+            tasks.append(Task(target, params, seeding.to_record(replicate_seed(master_seed, i)), i, code))
     return tasks
 
 
@@ -142,7 +154,7 @@ def execute_task(task: Task) -> dict:
         outcome = claims_module.run_claim(claim, seed=seed, **task.as_dict())
         result = dict(status=outcome.status, **_numbers_only(outcome.measured))
     return dict(key=task.key, target=task.target, params=[[k, _canonical(v)] for k, v in task.params],
-                seed=task.seed, replicate=task.replicate, version=version(), result=result,
+                seed=task.seed, replicate=task.replicate, version=version(), code=task.code, result=result,
                 seconds=round(time.perf_counter() - started, 6), run_id=RUN_ID)
 
 
@@ -151,7 +163,7 @@ def execute_task(task: Task) -> dict:
 # ==================================================================================================
 
 
-RECORD_FIELDS = ("key", "target", "params", "seed", "replicate", "version", "result", "seconds", "run_id")
+RECORD_FIELDS = ("key", "target", "params", "seed", "replicate", "version", "code", "result", "seconds", "run_id")
 STALE_TEMPORARY_SECONDS = 3600  # a temporary file this old belongs to no writer that is still running
 
 
