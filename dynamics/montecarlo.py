@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnflow.dynamics import progress
 from attnflow.seeding import SeedLike, generators
 
 __all__ = ["MonteCarloMean", "monte_carlo_mean", "Trajectory"]
@@ -39,7 +40,8 @@ def monte_carlo_mean(draw, n: int, *, seed: SeedLike, chunk: int = 50_000) -> Mo
         raise ValueError(f"n must be >= 2 for a standard error, got {n}")
     sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
     total = total_sq = 0.0
-    for rng, size in zip(generators(seed, len(sizes)), sizes):
+    for index, (rng, size) in enumerate(zip(generators(seed, len(sizes)), sizes)):
+        progress.report(index, len(sizes))
         values = np.asarray(draw(rng, size), dtype=float)
         if not np.all(np.isfinite(values)):
             raise FloatingPointError("Monte-Carlo draw produced a non-finite value")

@@ -20,6 +20,7 @@ from attnflow.closed_forms.one_nn import OneNNProblem
 from .integrate import DivergenceError, iterate_map, map_loop, rk4_loop, solve_rk4
 from attnflow.seeding import SeedLike, generators
 
+from . import progress
 from .montecarlo import MonteCarloMean, Trajectory
 
 __all__ = ["Prompts", "sample_prompts", "token_matrices", "manifold_weight", "per_prompt_loss_and_gradient",
@@ -201,6 +202,7 @@ def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size
     record = set(np.linspace(0, steps, n_records + 1).round().astype(int).tolist())
     times, xi1, xi2, off, label_entry, losses = [], [], [], [], [], []
     for step in range(steps + 1):
+        progress.report(step, steps)
         loss, grad = per_prompt_loss_and_gradient(sample_prompts(problem, batch_size, rng), W)
         if step in record:
             times.append(step)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from attnflow import seeding
+from attnflow.dynamics import progress
 from attnflow.dynamics.errors import DivergenceError, StageFailure
 
 __all__ = ["BATCH_GRID_RATIO", "first_successes", "critical_batch_curve"]
@@ -31,7 +32,9 @@ def first_successes(success, seeds, start: int, max_batch: int, n_criteria: int 
     k0 = math.floor(math.log(start) / math.log(BATCH_GRID_RATIO) + 1e-9)
     first = []
     censored = False
-    for seed in seeds:
+    seeds = list(seeds)
+    for index, seed in enumerate(seeds):
+        progress.report(index, len(seeds))
         found: list[float | None] = [None] * n_criteria
         k = k0
         while True:

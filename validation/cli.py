@@ -27,6 +27,7 @@ from attnflow.dynamics.errors import DivergenceError, StageFailure
 
 from . import claims as claims_module
 from . import report, systems
+from .live import LiveBar, wanted
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -45,6 +46,7 @@ def _add_system_command(sub, name: str, help_text: str):
     command.add_argument("--plot", metavar="FILE", help="write a PNG of the trajectory's metrics")
     command.add_argument("--json", action="store_true", help="print JSON (docs/cli.md)")
     command.add_argument("--describe", action="store_true", help="list the system's parameters and options")
+    command.add_argument("--no-progress", action="store_true", help="no progress bar")
     return command
 
 
@@ -141,13 +143,13 @@ def _command_check(args) -> int:
     _check_seed(args.seed)
     _check_output_folder(args.report, "--report")
     selected = systems.select(args.names)
-    from tqdm import tqdm
-
     results = []
-    bar = tqdm(selected, desc="claims", unit="claim", disable=True if args.no_progress else None, file=sys.stderr)
-    for c in bar:
-        bar.set_postfix_str(c.name)
-        results.append(claims_module.run_claim(c, full=args.full, seed=args.seed))
+    with LiveBar(wanted(quiet=args.no_progress or args.json), total=len(selected), desc="claims",
+                 unit="claim") as live:
+        for c in selected:
+            live.start(c.name)
+            results.append(claims_module.run_claim(c, full=args.full, seed=args.seed))
+            live.advance()
     setting = "full" if args.full else "quick"
     if args.json:
         print(report.to_json(results, seed=args.seed, setting=setting))
@@ -300,14 +302,16 @@ def _run_system_command(args, *, simulate: bool) -> int:
                                                           "summary": system.summary_options})
     problem = system.problem_from_params(problem_values)
     values: dict = {}
-    if simulate:
-        trajectory = system.minibatch(problem, seed=seed, **system.minibatch_options_from(options["minibatch"]))
-        kind = "minibatch"
-    else:
-        if system.summary is not None:
-            values.update(system.summary(problem, seed=seed, **system.summary_options_from(options["summary"])))
-        trajectory = system.population(problem, **system.population_options_from(options["population"]))
-        kind = "population"
+    kind = "minibatch" if simulate else "population"
+    with LiveBar(wanted(quiet=args.no_progress or args.json), total=1, desc=args.command, unit="run") as live:
+        live.start(system.key)
+        if simulate:
+            trajectory = system.minibatch(problem, seed=seed, **system.minibatch_options_from(options["minibatch"]))
+        else:
+            if system.summary is not None:
+                values.update(system.summary(problem, seed=seed, **system.summary_options_from(options["summary"])))
+            trajectory = system.population(problem, **system.population_options_from(options["population"]))
+        live.advance()
     values.update({f"{kind}: {k}": v for k, v in _trajectory_summary(trajectory).items()})
     if args.json:
         document = dict(schema=f"attnflow.{'simulate' if simulate else 'solve'}/1", system=system.key,
