@@ -68,6 +68,17 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--strict", action="store_true", help="count registered findings as failures (exit 1)")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    calibrate = sub.add_parser("calibrate", help="a claim's false-FAIL rate over many seeds against its nominal rate")
+    calibrate.add_argument("claim", help="one claim, e.g. gd_beta.risk_formula")
+    calibrate.add_argument("--seeds", type=int, default=200, help="independent seeds (default 200)")
+    calibrate.add_argument("--seed", type=int, default=0, help="seed of the calibration (replicate i takes child i)")
+    calibrate.add_argument("--jobs", type=int, default=-1, help="joblib workers (default: all cores)")
+    calibrate.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler to run on")
+    calibrate.add_argument("--store", default="attnflow-calibration",
+                           help="folder for finished replicates, so a rerun resumes (default attnflow-calibration)")
+    calibrate.add_argument("--json", action="store_true", help="print JSON (schema attnflow.calibrate/1)")
+    calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     sweep = sub.add_parser("sweep", help="run an observable or claim over a grid × seeds; resumable")
     sweep.add_argument("target", nargs="?", help="observable or claim (attnflow sweep --list)")
     sweep.add_argument("--list", action="store_true", help="list the sweepable observables and their laws")
@@ -161,6 +172,28 @@ def _command_check(args) -> int:
     if args.strict:
         return 0 if all(r.passed for r in results) else 1
     return 0 if all(r.as_registered for r in results) else 1
+
+
+def _command_calibrate(args) -> int:
+    from . import calibration
+
+    _check_seed(args.seed)
+    _check_output_folder(args.store, "--store")
+    store = f"{args.store.rstrip('/')}/{args.claim.replace('-', '_')}"
+    found = calibration.calibrate(args.claim, seeds=args.seeds, master_seed=args.seed, store=store,
+                                  n_jobs=args.jobs, scheduler=args.scheduler,
+                                  progress=wanted(quiet=args.no_progress or args.json))
+    if args.json:
+        print(json.dumps(claims_module.to_jsonable(dict(schema="attnflow.calibrate/1", seed=args.seed,
+                                                        **found.as_dict())), indent=2))
+    else:
+        nominal = "none stated (deterministic)" if found.nominal is None else f"{found.nominal:.3g}"
+        verdict = "calibrated" if found.calibrated else "MISCALIBRATED"
+        print(f"{found.claim}: {found.alarms} of {found.seeds} seeds not as registered ({found.errors} errors); "
+              f"false-FAIL rate {found.rate:.3g}, {calibration.LEVEL:.0%} Clopper–Pearson [{found.low:.3g}, "
+              f"{found.high:.3g}]; nominal {nominal}: {verdict}")
+    print(f"computed {found.computed} seeds, reused {found.reused} from {store}", file=sys.stderr)
+    return 0 if found.calibrated else 1
 
 
 def _command_sweep(args) -> int:
@@ -352,7 +385,8 @@ def main(argv=None) -> int:
     try:
         args = parser.parse_args(argv)
         command = {"list": _command_list, "check": _command_check, "solve": _command_solve,
-                   "simulate": _command_simulate, "sweep": _command_sweep}[args.command]
+                   "simulate": _command_simulate, "sweep": _command_sweep,
+                   "calibrate": _command_calibrate}[args.command]
         return command(args)
     except (ValueError, DivergenceError, StageFailure) as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -40,8 +40,8 @@ from .claims import ScalingLaw, observable
 from .report import version
 from .stats import ExponentFit, fit_exponent
 
-__all__ = ["Task", "ResultStore", "SweepResult", "parse_grid", "replicate_seed", "run_sweep", "execute_task",
-           "scaling_fit"]
+__all__ = ["Task", "ResultStore", "SweepResult", "parse_grid", "replicate_seed", "run_sweep", "run_replicates",
+           "execute_task", "scaling_fit"]
 
 # Identifies the process that computed a record (the kill-and-resume test uses it).
 RUN_ID = uuid.uuid4().hex
@@ -152,7 +152,8 @@ def execute_task(task: Task) -> dict:
     else:
         claim = systems.select([task.target])[0]
         outcome = claims_module.run_claim(claim, seed=seed, **task.as_dict())
-        result = dict(status=outcome.status, **_numbers_only(outcome.measured))
+        result = dict(status=outcome.status, false_fail_rate=outcome.false_fail_rate,
+                      **_numbers_only(outcome.measured))
     return dict(key=task.key, target=task.target, params=[[k, _canonical(v)] for k, v in task.params],
                 seed=task.seed, replicate=task.replicate, version=version(), code=task.code, result=result,
                 seconds=round(time.perf_counter() - started, 6), run_id=RUN_ID)
@@ -351,9 +352,17 @@ def run_sweep(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: 
     progress : bool
         Show a tqdm bar over tasks.
     """
-    target = target.replace("-", "_") if "." in target else target
     if not grid:
         raise ValueError("the grid is empty: give at least one --grid NAME=v1,v2")
+    return run_replicates(target, grid, master_seed=master_seed, seeds=seeds, store=store, n_jobs=n_jobs,
+                          scheduler=scheduler, progress=progress)
+
+
+def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: int = 8, store=None,
+                   n_jobs: int = -1, scheduler: str | None = None, progress: bool = False) -> SweepResult:
+    """:func:`run_sweep` without the requirement of a grid: with ``grid = {}`` the target runs at its own
+    settings over ``seeds`` replicates (what calibration needs)."""
+    target = target.replace("-", "_") if "." in target else target
     if isinstance(seeds, bool) or int(seeds) != seeds or seeds < 1:
         raise ValueError(f"seeds must be a positive integer, got {seeds}")
     master_seed = seeding.as_seed_sequence(master_seed, "master_seed")

@@ -1,0 +1,53 @@
+"""`attnflow calibrate`: a claim's false-FAIL rate over seeds, with its exact interval, against its nominal rate."""
+import json
+
+import pytest
+
+import attnflow.closed_forms.gd_beta as cf
+from attnflow.validation import calibration
+from attnflow.validation.calibration import Calibration
+from attnflow.validation.cli import main
+from attnflow.validation.stats import clopper_pearson
+
+CLAIM = "gd_beta.risk_formula"  # stochastic (Monte Carlo against the closed form), about a second per seed
+
+
+def _verdict(alarms, seeds, nominal):
+    low, high = clopper_pearson(alarms, seeds)
+    return Calibration("x.y", seeds, alarms, 0, nominal, low, high, seeds, 0).calibrated
+
+
+@pytest.mark.parametrize("alarms, seeds, nominal, calibrated", [
+    (0, 200, 6.3e-5, True),     # nothing to see at the resolution of 200 seeds
+    (2, 200, 6.3e-5, False),    # [0.0012, 0.036] lies wholly above 6.3e-5
+    (1, 200, 6.3e-5, False),    # [1.3e-4, 0.028] lies above 6.3e-5: one alarm in 200 has probability 1.3%
+    (1, 200, 0.01, True),       # [1.3e-4, 0.028] covers 1%, and 0.5% is below it
+    (12, 200, 0.05, False),     # 6% is more than the nominal 5% although the interval [3.1%, 10.2%] covers it
+    (9, 200, 0.05, True),
+    (136, 1526, 0.05, False),   # the rate measured for a miscalibrated claim: 8.9%, [7.5%, 10.4%]
+    (0, 50, None, True),        # a deterministic check that never fails
+    (1, 50, None, False),       # … and one that did
+])
+def test_the_verdict_follows_the_stated_rule(alarms, seeds, nominal, calibrated):
+    assert _verdict(alarms, seeds, nominal) is calibrated
+
+
+def test_a_sound_claim_is_calibrated_and_a_broken_one_is_not(tmp_path, monkeypatch):
+    sound = calibration.calibrate(CLAIM, seeds=3, master_seed=0, store=tmp_path / "sound", n_jobs=1)
+    assert (sound.seeds, sound.alarms, sound.errors, sound.calibrated) == (3, 0, 0, True)
+    again = calibration.calibrate(CLAIM, seeds=3, master_seed=0, store=tmp_path / "sound", n_jobs=1)
+    assert (again.computed, again.reused) == (0, 3)  # resumable: finished seeds are not run twice
+    real = cf.icl_risk
+    monkeypatch.setattr(cf, "icl_risk", lambda *args: 1.05 * real(*args))
+    broken = calibration.calibrate(CLAIM, seeds=3, master_seed=0, store=None, n_jobs=1)
+    assert (broken.alarms, broken.calibrated) == (3, False)
+
+
+def test_cli_prints_the_rate_and_exits_by_the_verdict(tmp_path, capsys):
+    code = main(["calibrate", CLAIM, "--seeds", "2", "--jobs", "1", "--store", str(tmp_path), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and document["schema"] == "attnflow.calibrate/1"
+    assert document["seeds"] == 2 and document["alarms"] == 0 and document["interval"][0] == 0.0
+    assert main(["calibrate", "gd_beta", "--seeds", "2"]) == 2  # a system is not one claim
+    assert main(["calibrate", CLAIM, "--seeds", "0"]) == 2
+    assert "positive integer" in capsys.readouterr().err
