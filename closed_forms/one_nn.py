@@ -1,8 +1,8 @@
 """One-layer softmax attention learning one-nearest-neighbour in context.
 
 Paper: Z. Li, Y. Cao, C. Gao, Y. He, H. Liu, J. M. Klusowski, J. Fan, M. Wang, *One-Layer Transformer Provably
-Learns One-Nearest Neighbor In Context*, NeurIPS 2024, arXiv:2411.10830. "docs/one_nn.md §k" numbers the
-derivation notes; docs/one_nn.md holds the derivations.
+Learns One-Nearest Neighbor In Context*, NeurIPS 2024, arXiv:2411.10830. docs/one_nn.md holds the derivations;
+"docs/one_nn.md §k" cites its sections.
 
 Data (docs/one_nn.md §1): x₁…x_N, x_q uniform on S^{d−1}, labels ±1 with E[y_i y_j | x] = δ_ij and sign symmetry; the
 target is the label of the nearest neighbour i* = argmax_j t_j, t_j = <x_j, x_q>. The model (docs/one_nn.md §2) predicts
@@ -147,8 +147,8 @@ def _signed_exp(log_magnitude, factor):
 @njit(cache=True)
 def _lambda_range(xi1, a, N):
     """[w_lo, w_hi] of w = log λ. Below: the m = 1 integrands vanish only like λ, so a cut-off at ε/(a + N) loses a
-    relative ~ε of them (docs/one_nn.md §6 used ε = 1e-5, a bias invisible to grid refinement); ε = 1e-14 is below
-    round-off. Above: e^{−λZ'} < e^{−80} for every Z' >= a + N e^{−2ξ₁}."""
+    relative ~ε of them (a first choice ε = 1e-5 gave a bias invisible to grid refinement, docs/one_nn.md §6);
+    ε = 1e-14 is below round-off. Above: e^{−λZ'} < e^{−80} for every Z' >= a + N e^{−2ξ₁}."""
     return math.log(1e-14 / (a + N)), math.log(80.0 / (a + N * math.exp(-2.0 * xi1)))
 
 

@@ -1,8 +1,8 @@
 """Sparse Contextual Bigrams learned by a one-layer linear transformer: the population mathematics.
 
 Paper: Y. Ren, Z. Wang, J. D. Lee, *Learning and Transferring Sparse Contextual Bigrams with Linear Transformers*,
-NeurIPS 2024 (arXiv:2410.23438). "docs/scb.md §k" numbers the derivation notes behind this module, which reconstruct the
-paper (its inline mathematics was lost) and derive every closed form used here; docs/scb.md holds them.
+NeurIPS 2024 (arXiv:2410.23438). docs/scb.md reconstructs the paper (the available text lost its inline mathematics)
+and derives every closed form used here; "docs/scb.md §k" cites its sections.
 
 Data (docs/scb.md §2, eq. 1): x₁…x_T, x_{T+1} i.i.d. ~ μ, the stationary law of the column-stochastic P (Pμ = μ); given
 x_{T+1} = k the label o is one Markov step Pe_{x_s} from a position s ~ q*⁽ᵏ⁾. Model (eq. 2): f = VXq⁽ᵏ⁾, loss

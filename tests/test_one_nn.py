@@ -1,5 +1,5 @@
-"""1-NN: the quadrature against brute-force Monte Carlo and exact special cases, the dynamics against the spec's
-trajectory, the shifted test set, and bad input."""
+"""1-NN: the quadrature against brute-force Monte Carlo and exact special cases, the dynamics against the reference
+trajectory of docs/one_nn.md §7, the shifted test set, and bad input."""
 import math
 import warnings
 
@@ -87,9 +87,9 @@ def test_gradient_matches_finite_differences_of_the_quadrature():
     assert g2 == pytest.approx(fd2, rel=1e-4)
 
 
-def test_spec_constants():
+def test_reference_constants():
     assert cf.asymptotic_loss_constant(4, 16) == pytest.approx(1.1130, abs=5e-5)  # docs/one_nn.md §7
-    # docs/one_nn.md §6 quotes 0.09649 from its own quadrature, whose stated accuracy is ~1e-3 relative (ours: 0.0964838)
+    # docs/one_nn.md §6 quotes 0.09649 from a first fixed-grid quadrature (~1e-3 relative; converged: 0.0964838)
     assert cf.reduced_loss(OneNNProblem(4, 16), 12.0, 10.0).loss == pytest.approx(0.09649, rel=1e-3)
 
 
@@ -99,13 +99,13 @@ def test_unreachable_accuracy_warns_with_the_achieved_error():
     assert np.isfinite(result.loss) and result.loss_error > 0
 
 
-def test_reduced_gd_reproduces_the_spec_trajectory():
+def test_reduced_gd_reproduces_the_reference_trajectory():
     """docs/one_nn.md §7: d = 4, N = 16, σ = 10, η = 200."""
     run = dyn.reduced_trajectory(OneNNProblem(4, 16, 10.0), 200.0, 300)
     at = {int(t): (a, b, c) for t, a, b, c in zip(run.times, run.states["xi1"], run.states["xi2"], run.metrics["loss"])}
     for step, (xi1, xi2, loss) in {5: (8.7, 10.0, 0.131), 20: (14.8, 10.9, 0.079), 100: (25.1, 18.2, 0.046),
                                    300: (35.8, 27.0, 0.032)}.items():
-        assert at[step][0] == pytest.approx(xi1, abs=0.06)  # the spec quotes one decimal
+        assert at[step][0] == pytest.approx(xi1, abs=0.06)  # docs/one_nn.md §7 quotes one decimal
         assert at[step][1] == pytest.approx(xi2, abs=0.06)
         assert at[step][2] == pytest.approx(loss, abs=6e-4)
 

@@ -16,7 +16,7 @@ from .systems import Parameter, System
 from .stats import Z_TOLERANCE, fit_power_law, z_basis
 
 PAPER = "Li, Cao, Gao, He, Liu, Klusowski, Fan & Wang, NeurIPS 2024 (arXiv:2411.10830)"
-# The spec's worked example (§7): d = 4, N = 16, σ = 10, η = 200.
+# The worked example of docs/one_nn.md §7: d = 4, N = 16, σ = 10, η = 200.
 EXAMPLE = OneNNProblem(d=4, N=16, sigma=10.0)
 EXAMPLE_ETA = 200.0
 

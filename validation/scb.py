@@ -66,7 +66,7 @@ def closed_forms_match_monte_carlo(seed, samples, chunks):
               f"summing to 1, whose tail beyond {Z_TOLERANCE**2:g} is at most χ²₁'s (6e-5) whatever the correlation "
               f"(Székely & Bakirov 2003); SE from the spread of {chunks} chunk means",
         passed=all(r["ratio"] < Z_TOLERANCE**2 for r in rows), details=rows,
-        notes="The spec's C1 statistic; a biased closed form makes it grow like the sample count.")
+        notes="The C1 statistic of docs/scb.md §10; a biased closed form makes it grow like the sample count.")
 
 
 def standardised_error(mean, standard_error, exact) -> float:
@@ -324,7 +324,8 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
                   "samples": run.info["samples"], "soft-threshold violations (q < −η_Qλ)": run.info["violations"]},
         predicted={"relative errors": "< 0.05 (docs/scb.md §12 measured 0.011, 0.023)", "invariants": 0.0},
         tolerance=f"both relative errors below 0.05; invariants below {ROUND_OFF:g}",
-        basis="the issue's recovery criterion (5%); the invariants are exact for the preconditioned update (docs/scb.md §5)",
+        basis="recovery to 5% relative error (docs/scb.md §10, C12); the invariants are exact for the preconditioned "
+              "update (docs/scb.md §5)",
         passed=error_V < 0.05 and error_Q < 0.05 and invariants < ROUND_OFF, figure=figure,
         notes="The paper says entries below −η_Qλ never occur in the soft threshold; the count above says how often "
               "they did on minibatches (docs/scb.md §13 #4).")
