@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,6 +85,66 @@ def test_killed_sweep_resumes_with_every_task_computed_exactly_once(tmp_path):
     run_ids = {json.loads(text)["run_id"] for text in after.values()}
     assert len(run_ids) == 2  # the killed run's and the rerun's, nothing else
     assert not list(target_dir.glob(".tmp-*"))  # the kill could not leave a half-written record
+
+
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pids) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _start_parallel_sweep(tmp_path):
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "attnflow.validation.cli", "sweep", "sweep.sleep", "--grid", "seconds=3",
+               "--grid", "size=1,2,3,4,5,6,7,8", "--seeds", "2", "--jobs", "2", "--store", str(store),
+               "--no-progress"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((store / "sweep.sleep").glob("*.json")):
+        time.sleep(0.05)
+    workers = _children(process.pid)
+    assert workers, "the sweep started no worker processes"
+    return process, workers, store / "sweep.sleep"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_stopped_sweep_leaves_no_worker_behind_and_keeps_its_records(tmp_path, stop):
+    process, workers, records = _start_parallel_sweep(tmp_path)
+    finished = len(list(records.glob("*.json")))
+    stopped_at = time.monotonic()
+    process.send_signal(stop)
+    code = process.wait(timeout=60)
+    exited_after = time.monotonic() - stopped_at
+    assert code == (-signal.SIGKILL if stop == signal.SIGKILL else 130)
+    deadline = time.monotonic() + 30
+    while _alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(workers), f"workers {sorted(_alive(workers))} outlived the sweep"
+    assert len(list(records.glob("*.json"))) >= finished  # what was finished is kept
+    if stop != signal.SIGKILL:
+        assert "interrupted" in process.stderr.read()
+        # the running 3 s tasks are killed, not waited for (2 s is typical; the bound allows for a loaded machine)
+        assert exited_after < 10, exited_after
 
 
 CORRUPTIONS = {

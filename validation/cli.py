@@ -377,12 +377,27 @@ def _command_simulate(args) -> int:
     return _run_system_command(args, simulate=True)
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler's or `kill`'s request) stops the run the way Ctrl-C does: results finished so far are
+    kept, workers are stopped, exit code 130."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def main(argv=None) -> int:
     parser = _build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:  # a bare `attnflow` shows what it can do
         parser.print_help()
         return 0
+    _stop_on_sigterm()
     try:
         args = parser.parse_args(argv)
         command = {"list": _command_list, "check": _command_check, "solve": _command_solve,

@@ -363,6 +363,8 @@ def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, se
     """:func:`run_sweep` without the requirement of a grid: with ``grid = {}`` the target runs at its own
     settings over ``seeds`` replicates (what calibration needs)."""
     target = target.replace("-", "_") if "." in target else target
+    if isinstance(n_jobs, bool) or int(n_jobs) != n_jobs or not (n_jobs == -1 or n_jobs >= 1):
+        raise ValueError(f"n_jobs (--jobs) must be a number of workers >= 1, or -1 for every core; got {n_jobs}")
     if isinstance(seeds, bool) or int(seeds) != seeds or seeds < 1:
         raise ValueError(f"seeds must be a positive integer, got {seeds}")
     master_seed = seeding.as_seed_sequence(master_seed, "master_seed")
@@ -407,9 +409,44 @@ def _execute(pending: list[Task], *, n_jobs: int, scheduler: str | None):
         for task in pending:
             yield execute_task(task)
         return
-    from joblib import Parallel, delayed
+    yield from _execute_in_workers(pending, n_jobs)
 
-    yield from Parallel(n_jobs=n_jobs, return_as="generator_unordered")(delayed(execute_task)(t) for t in pending)
+
+PARENT_POLL_SECONDS = 0.25
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: end this worker as soon as the process that started it is gone (a SIGKILL of the
+    sweep included), instead of computing on for nobody."""
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="attnflow-parent-watch").start()
+
+
+def _execute_in_workers(pending: list[Task], n_jobs: int):
+    """joblib's process pool (loky), whose workers die with the sweep: on an interrupt the pending tasks are
+    cancelled and the running ones killed at once, and each worker watches its parent in case the sweep itself is
+    killed. Finished records have already been yielded (and written) by then."""
+    from concurrent.futures import as_completed
+
+    from joblib import cpu_count
+    from joblib.externals.loky import get_reusable_executor
+
+    workers = cpu_count() if n_jobs < 0 else n_jobs
+    executor = get_reusable_executor(max_workers=max(1, min(workers, len(pending))), kill_workers=True,
+                                     initializer=_exit_with_parent, initargs=(os.getpid(),), reuse=False)
+    futures = [executor.submit(execute_task, task) for task in pending]
+    try:
+        for future in as_completed(futures):
+            yield future.result()
+    except BaseException:  # Ctrl-C, SIGTERM, a failing task, or the consumer closing the generator
+        executor.shutdown(wait=False, kill_workers=True)  # cancels what has not started, kills what has
+        raise
 
 
 def scaling_fit(result: SweepResult, *, n_boot: int = 2000, level: float = 0.95) -> ExponentFit:
