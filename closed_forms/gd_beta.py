@@ -580,8 +580,8 @@ def optimal_attention_risk(problem: GDBetaProblem, *, mlp: bool, gtol: float = 1
 
     For a fixed value direction (a, b) the prediction is linear in the read-out, so the read-out is optimised
     in closed form and only (a, b) ∈ S^d remains: a smooth non-convex problem in d+1 dimensions, minimised by
-    BFGS from 2d + 6 deterministic starts (the spec used Nelder–Mead from ~10 starts; BFGS reaches the same
-    minima to 1e-11 about 30x faster). Theorem 5.3 says the LTB value equals R* (optimal GD-β); Theorem 4.1
+    BFGS from 2d + 6 deterministic starts (Nelder–Mead from ~10 starts reaches the same minima to 1e-11 about
+    30x slower; docs/gd_beta.md §11.11). Theorem 5.3 says the LTB value equals R* (optimal GD-β); Theorem 4.1
     that LSA's exceeds it when β* ≠ 0.
     """
     problem.require_optimum_defined()

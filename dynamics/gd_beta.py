@@ -84,8 +84,8 @@ def monte_carlo_risk(problem: GDBetaProblem, predict, n: int, *, seed: SeedLike,
 def bayes_risk(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, chunk: int = 20_000) -> MonteCarloMean:
     """Bayes risk σ² + E_X tr(Σ(I + X̃ᵀX̃/σ²)⁻¹) (Lemma 6.1, docs/gd_beta.md §7), averaging over contexts X only.
 
-    The conditional expectation over β, ε, x_q is exact, so the standard error is small (spec: 4·10⁴
-    contexts give ~10⁻³ relative).
+    The conditional expectation over β, ε, x_q is exact, so the standard error is small (docs/gd_beta.md §7:
+    4·10⁴ contexts give ~10⁻³ relative).
     """
     d, N = problem.d, problem.N
 
@@ -382,7 +382,7 @@ class _AttentionModel:
 
 class _ReducedAttentionModel(_AttentionModel):
     """The LTB (LSA without c) in its reduced coordinates (c, a, b, Q, q) of docs/gd_beta.md §2.1: everything of the block
-    that reaches the output, as in the spec's SGD experiment (§10). It is the factorised model with
+    that reaches the output, as in the reference training run of docs/gd_beta.md §10. It is the factorised model with
     U = e_{d+1}(cᵀ, 0), V = e_{d+1}(aᵀ, b), K = [[Q, ·], [qᵀ, ·]], so the same gradient kernel serves."""
 
     def __init__(self, problem, rng, init_scale, mlp, value_init):

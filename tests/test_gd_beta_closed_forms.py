@@ -1,5 +1,5 @@
 """GD-β closed forms against brute-force Monte Carlo of the raw definitions, finite differences, and the
-spec's independently computed values (docs/gd_beta.md)."""
+independently computed reference values of docs/gd_beta.md §6."""
 import numpy as np
 import pytest
 
@@ -133,7 +133,7 @@ def test_spec_gap_scaling_isotropic_large_context():
     for norm, expected in [(0.5, 0.744), (1.0, 2.98), (2.0, 11.9)]:
         problem = GDBetaProblem.isotropic(d=2, N=640, sigma2=0.25, beta_norm=norm)
         gap = cf.optimal_attention_risk(problem, mlp=False).risk - cf.optimal_risk(problem)
-        assert 640 * gap == pytest.approx(expected, rel=5e-3)  # the spec quotes 3 significant figures
+        assert 640 * gap == pytest.approx(expected, rel=5e-3)  # docs/gd_beta.md §6 quotes 3 significant figures
 
 
 def test_optimal_gamma_special_case_full_rank():

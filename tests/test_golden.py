@@ -1,8 +1,9 @@
 """Golden theorem constants for three fixed configurations (pytest-regressions): a change in any of them
 fails CI. Regenerate deliberately with ``pytest tests/test_golden.py --force-regen`` and say why in the commit.
 
-The first configuration's R*, Γ*, GD-0 and LSA values are also checked against the spec's independent
-numbers in test_gd_beta_closed_forms.py; these files guard the rest (rates, anisotropic cases)."""
+The first configuration's R*, Γ*, GD-0 and LSA values are also checked against the independent reference
+numbers of docs/gd_beta.md §6 in test_gd_beta_closed_forms.py; these files guard the rest (rates, anisotropic
+cases)."""
 import numpy as np
 import pytest
 

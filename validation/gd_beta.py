@@ -16,7 +16,7 @@ from .stats import Z_TOLERANCE, fit_exponential_rate, ratio_standard_error, z_ba
 
 PAPER = "Zhang, Wu & Bartlett, NeurIPS 2024 (arXiv:2402.14951)"
 
-# The spec's worked example (§6, §10): anisotropic H and Ψ, σ² = 0.25, N = 10.
+# The worked example of docs/gd_beta.md §6 (and §10): anisotropic H and Ψ, σ² = 0.25, N = 10.
 EXAMPLE_H = np.array([[1.0, 0.3], [0.3, 0.6]])
 EXAMPLE_PSI = np.array([[0.8, -0.2], [-0.2, 0.5]])
 # Corollary 6.2 example (docs/gd_beta.md §8): SNR = tr(HΨ)/σ² = 0.6125.
@@ -27,7 +27,8 @@ COROLLARY_PSI = np.diag([0.4, 0.3, 0.2, 0.1])
 def example_problem(beta_norm_H: float, N: int = 10, sigma2: float = 0.25) -> GDBetaProblem:
     """The docs/gd_beta.md §6 example with β* along e₁ scaled to ‖β*‖_H = ``beta_norm_H``.
 
-    (The spec does not say which direction its gap table used; the gap depends on it, see docs/gd_beta.md.)
+    (The gap depends on the direction of β*, not only on ‖β*‖_H; the direction e₁ is a choice,
+    docs/gd_beta.md §6.)
     """
     direction = np.array([1.0, 0.0]) / np.sqrt(EXAMPLE_H[0, 0])
     return GDBetaProblem(H=EXAMPLE_H, Psi=EXAMPLE_PSI, beta_star=beta_norm_H * direction, sigma2=sigma2, N=N)

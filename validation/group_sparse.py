@@ -186,8 +186,9 @@ def loss_rate(seed, D, steps, eta):
               f"start of the fit window t ∈ [{steps / 3:g}, {steps}]",
         passed=bool(abs(fit.slope - 1 / 3) <= tolerance and abs(constant_ratio[-1] - 1) < correction), figure=figure,
         notes="Under GD with a D-independent step, β³ ≈ 3ηct/(Dσ_x), so L ≈ (c²/3ηt)^{1/3}(Dσ_x)^{-2/3}: the D "
-              "exponent at fixed T is −2/3, not the −1 of the spec's L ~ 1/(D T^{1/3}) (derived here; reported, not "
-              "checked, because α's logarithmic growth keeps the sub-model pre-asymptotic at reachable T).")
+              "exponent at fixed T is −2/3, not the −1 of the consistency argument L ~ 1/(D T^{1/3}) of "
+              "docs/group_sparse.md §3 (derived here; reported, not checked, because α's logarithmic growth keeps the "
+              "sub-model pre-asymptotic at reachable T).")
 
 
 def pretrained_position_only_W(problem: GroupSparseProblem, steps: int, eta: float = 1.0) -> np.ndarray:
@@ -313,7 +314,8 @@ def time_to_loss_submodel(seed, Ds, epsilons):
               f"{'agrees with' if D_ok else 'misses'} −3. With a D-independent step the sub-model gives β³ ≈ 3ηct/(Dσ_x) "
               "and L ≈ c/(Dσ_xβ), hence T_ε ∝ ε^{-3}D^{-2}: the −2 matches the measurement. This is the position-only "
               "sub-model (W₁₁ = 0); the full model was not run to these times (τ ~ 10⁶). The theorem's D³ may come from "
-              "a normalisation or step-size scaling the spec does not record.")
+              "a normalisation or step-size scaling of the paper that the model of docs/group_sparse.md §2 does not "
+              "capture.")
 
 
 SYSTEM = System(
