@@ -1,6 +1,6 @@
 """Linear algebra of PSD matrices with an explicit numerical-rank cut-off.
 
-Spec gd_beta §11.9: a spurious 1e-17 eigenvalue of a rank-deficient matrix blows up any inverse, so every
+docs/gd_beta.md §11.9: a spurious 1e-17 eigenvalue of a rank-deficient matrix blows up any inverse, so every
 eigenvalue below ``RANK_CUTOFF * lambda_max`` is treated as exactly zero before taking roots or inverses.
 """
 from __future__ import annotations

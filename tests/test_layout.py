@@ -70,9 +70,11 @@ def test_nothing_private_crosses_modules():
             if module.startswith("attnflow") or not module:
                 offenders += [f"{path.name}: from {module} import {n}" for n in names if n.startswith("_")
                               and n != "__version__"]
-        aliases = {a.asname or a.name for node in ast.walk(ast.parse(path.read_text()))
-                   if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        aliases = {a.asname or a.name for node in ast.walk(tree) for a in getattr(node, "names", ())
+                   if isinstance(node, ast.Import) and a.name.startswith("attnflow")
+                   or isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("attnflow"))}
+        for node in ast.walk(tree):  # attnflow modules only: os._exit is public API of the standard library
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                     and isinstance(node.value, ast.Name) and node.value.id in aliases):
                 offenders.append(f"{path.name}: {node.value.id}.{node.attr}")
