@@ -9,6 +9,7 @@ metadata, the timing and the safety net (a non-finite number is an ERROR, never 
 from __future__ import annotations
 
 import math
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,7 +20,9 @@ import numpy as np
 from attnflow import seeding
 
 __all__ = ["Outcome", "CheckResult", "Claim", "claim", "run_claim", "ScalingLaw", "Observable", "observable",
-           "registered_claims", "registered_observables", "to_jsonable"]
+           "registered_claims", "registered_observables", "to_jsonable", "STABLE_ID"]
+
+STABLE_ID = re.compile(r"^[a-z][a-z0-9_]*$")  # a measured/predicted key: what JSON readers and tests key on
 
 _REGISTRY: dict[str, "Claim"] = {}
 _OBSERVABLES: dict[str, "Observable"] = {}
@@ -256,6 +259,12 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
     if not (_all_finite(outcome.measured) and _all_finite(outcome.predicted)):
         status = "ERROR"
         notes = (notes + " " if notes else "") + "A measured or predicted value is not finite."
+    unstable = [key for key in dict.fromkeys((*outcome.measured, *outcome.predicted))
+                if not (isinstance(key, str) and STABLE_ID.fullmatch(key))]
+    if unstable:  # the values stay, so the numbers are not lost; the verdict cannot stand on unnamed keys
+        status = "ERROR"
+        notes = (notes + " " if notes else "") + ("Measured/predicted keys must be snake_case ids "
+                                                  f"(^[a-z][a-z0-9_]*$, labels go in Outcome.labels): {unstable!r}.")
     return CheckResult(**common, status=status, measured=outcome.measured, predicted=outcome.predicted,
                        tolerance=outcome.tolerance, basis=outcome.basis, details=outcome.details, notes=notes,
                        seconds=time.perf_counter() - started, figure=outcome.figure, labels=dict(outcome.labels),
