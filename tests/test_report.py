@@ -134,6 +134,16 @@ def test_the_check_schema_refuses_what_it_must():
         assert not validator.is_valid(copy)
 
 
+def test_the_documented_check_example_matches_the_schema():
+    """docs/cli.md's example of `attnflow check --json` is a valid attnflow.check/2 document."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = docs[docs.index("### `--json` (schema `attnflow.check/2`)"):]
+    example = re.search(r"```json\n(.*?)\n```", section, re.DOTALL).group(1)
+    _validator("check").validate(json.loads(example))
+
+
 @pytest.fixture(scope="module")
 def cheap_check_run(tmp_path_factory):
     """`attnflow check CHEAP_CLAIMS --json --report DIR`, once: its JSON document and the report folder."""

@@ -4,7 +4,8 @@ A claim is a function registered under a dotted name (``gd_beta.optimal_paramete
 reference and statement. It receives a ``numpy.random.SeedSequence`` and its settings (``quick`` for the
 everyday suite, ``full`` for paper scale) and returns an :class:`Outcome`: what was measured, what theory
 predicts, the tolerance and its statistical basis, and whether it passed. :func:`run_claim` adds the
-metadata, the timing and the safety net (a non-finite number is an ERROR, never a silent PASS).
+metadata, the timing and the safety net (a non-finite number, or a measured/predicted key that is not a stable
+snake_case id, is an ERROR, never a silent PASS).
 """
 from __future__ import annotations
 
