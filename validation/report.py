@@ -259,7 +259,7 @@ def markdown_report(results: list[CheckResult], figures: dict, *, seed: int, set
         "| claim | status | time |",
         "|---|---|---|",
     ]
-    lines += [f"| [{markdown_cell(r.name)}](#{r.name.replace('.', '')}) | {r.status} | {r.seconds:.1f} s |"
+    lines += [f"| [{markdown_cell(r.name)}](#{r.name.replace('.', '').lower()}) | {r.status} | {r.seconds:.1f} s |"
               for r in results]
     for r in results:
         lines += ["", f"## {markdown_text(r.name)}", "", f"**{r.status}** — {markdown_text(r.reference)}", "",
@@ -301,17 +301,18 @@ table { border-collapse: collapse; margin: 0.6rem 0; }
 th, td { border: 1px solid #d0d7de; padding: 0.25rem 0.6rem; text-align: left; vertical-align: top; }
 td.number { font-family: ui-monospace, monospace; text-align: right; white-space: nowrap; }
 .status { display: inline-block; min-width: 5.5em; text-align: center; font-weight: bold; border-radius: 3px;
-          padding: 0 0.3em; border: 1px solid #000; }
-.PASS { background: #1a7f37; color: #fff; }
-.FAIL { background: #cf222e; color: #fff; }
-.FINDING { background: #f5b400; color: #000; }
-.ERROR { background: #8c959f; color: #000; }
+          padding: 0 0.3em; border: 1px solid; }
+/* dark text on a light tint: legible on screen, and printed without backgrounds or in black and white */
+.PASS { color: #116329; background: #dafbe1; }
+.FAIL { color: #a40e26; background: #ffebe9; }
+.FINDING { color: #7d4e00; background: #fff1c2; }
+.ERROR { color: #424a53; background: #eaeef2; }
 section { border-top: 1px solid #d0d7de; margin-top: 2rem; }
 blockquote { margin: 0.5rem 0; padding-left: 1rem; border-left: 4px solid #d0d7de; }
 pre { background: #f6f8fa; padding: 0.6rem; overflow-x: auto; white-space: pre-wrap; }
 img { max-width: 100%; }
-.finding { border-left: 4px solid #f5b400; padding-left: 0.6rem; }
-@media print { .status { background: none !important; color: #000 !important; } section { break-inside: avoid; } }
+.finding { border-left: 4px solid #d4a72c; padding-left: 0.6rem; }
+@media print { body { max-width: none; } figure { break-inside: avoid; } }
 """
 
 
