@@ -19,7 +19,7 @@ def attnflow(*args, check_exit=None):
 def test_check_json_is_stable_and_parsable():
     result = attnflow("check", *FAST_CLAIMS, "--json", "--seed", "3", "--no-progress", check_exit=0)
     document = json.loads(result.stdout)
-    assert document["schema"] == "attnflow.check/1"
+    assert document["schema"] == "attnflow.check/2"
     assert document["seed"] == 3 and document["setting"] == "quick"
     assert document["summary"] == dict(total=2, passed=2, failed=0, findings=0, errors=0, as_registered=2,
                                        seconds=document["summary"]["seconds"])

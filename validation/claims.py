@@ -4,11 +4,13 @@ A claim is a function registered under a dotted name (``gd_beta.optimal_paramete
 reference and statement. It receives a ``numpy.random.SeedSequence`` and its settings (``quick`` for the
 everyday suite, ``full`` for paper scale) and returns an :class:`Outcome`: what was measured, what theory
 predicts, the tolerance and its statistical basis, and whether it passed. :func:`run_claim` adds the
-metadata, the timing and the safety net (a non-finite number is an ERROR, never a silent PASS).
+metadata, the timing and the safety net (a non-finite number, or a measured/predicted key that is not a stable
+snake_case id, is an ERROR, never a silent PASS).
 """
 from __future__ import annotations
 
 import math
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,7 +21,9 @@ import numpy as np
 from attnflow import seeding
 
 __all__ = ["Outcome", "CheckResult", "Claim", "claim", "run_claim", "ScalingLaw", "Observable", "observable",
-           "registered_claims", "registered_observables", "to_jsonable"]
+           "registered_claims", "registered_observables", "to_jsonable", "STABLE_ID"]
+
+STABLE_ID = re.compile(r"^[a-z][a-z0-9_]*$")  # a measured/predicted key: what JSON readers and tests key on
 
 _REGISTRY: dict[str, "Claim"] = {}
 _OBSERVABLES: dict[str, "Observable"] = {}
@@ -256,6 +260,12 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
     if not (_all_finite(outcome.measured) and _all_finite(outcome.predicted)):
         status = "ERROR"
         notes = (notes + " " if notes else "") + "A measured or predicted value is not finite."
+    unstable = [key for key in dict.fromkeys((*outcome.measured, *outcome.predicted))
+                if not (isinstance(key, str) and STABLE_ID.fullmatch(key))]
+    if unstable:  # the values stay, so the numbers are not lost; the verdict cannot stand on unnamed keys
+        status = "ERROR"
+        notes = (notes + " " if notes else "") + ("Measured/predicted keys must be snake_case ids "
+                                                  f"(^[a-z][a-z0-9_]*$, labels go in Outcome.labels): {unstable!r}.")
     return CheckResult(**common, status=status, measured=outcome.measured, predicted=outcome.predicted,
                        tolerance=outcome.tolerance, basis=outcome.basis, details=outcome.details, notes=notes,
                        seconds=time.perf_counter() - started, figure=outcome.figure, labels=dict(outcome.labels),

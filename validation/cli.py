@@ -63,9 +63,11 @@ def _build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run claims (all by default) and report PASS/FAIL with numbers")
     check.add_argument("names", nargs="*", help="systems (gd_beta or gd-beta) or claims (gd_beta.lsa_gap)")
     check.add_argument("--full", action="store_true", help="paper-scale settings (default: quick)")
-    check.add_argument("--json", action="store_true", help="print the stable JSON document instead of the table")
+    check.add_argument("--json", action="store_true",
+                       help="print the JSON document (schema attnflow.check/2) instead of the table")
     check.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
-    check.add_argument("--report", metavar="DIR", help="write DIR/report.md with figures")
+    check.add_argument("--report", metavar="DIR",
+                       help="write DIR/report.md (figures in DIR/figures) and the self-contained DIR/report.html")
     check.add_argument("--strict", action="store_true", help="count registered findings as failures (exit 1)")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -137,7 +139,7 @@ def _check_seed(seed: int) -> np.random.SeedSequence:
 def _command_list(args) -> int:
     chosen = [systems.get_system(key) for key in args.systems] if args.systems else systems.all_systems()
     if args.json:
-        document = dict(schema="attnflow.list/1", systems=[
+        document = dict(schema="attnflow.list/1", attnflow_version=report.version(), systems=[
             dict(key=s.key, title=s.title, reference=s.reference, docs=s.docs,
                  claims=[dict(name=c.name, reference=c.reference, statement=c.statement, finding=c.finding)
                          for c in s.claims()])
@@ -169,7 +171,7 @@ def _command_check(args) -> int:
         print(report.format_table(results))
     if args.report:
         path = report.write_report(results, args.report, seed=args.seed, setting=setting)
-        print(f"report written to {path}", file=sys.stderr)
+        print(f"report written to {path} and {path.with_suffix('.html')}", file=sys.stderr)
     if args.strict:
         return 0 if all(r.passed for r in results) else 1
     return 0 if all(r.as_registered for r in results) else 1
@@ -348,7 +350,8 @@ def _run_system_command(args, *, simulate: bool) -> int:
         live.advance()
     values.update({f"{kind}: {k}": v for k, v in _trajectory_summary(trajectory).items()})
     if args.json:
-        document = dict(schema=f"attnflow.{'simulate' if simulate else 'solve'}/1", system=system.key,
+        document = dict(schema=f"attnflow.{'simulate' if simulate else 'solve'}/1",
+                        attnflow_version=report.version(), system=system.key,
                         seed=args.seed, parameters=params, values=values,
                         trajectory=dict(times=trajectory.times, metrics=trajectory.metrics))
         print(json.dumps(claims_module.to_jsonable(document), indent=2, ensure_ascii=False))
