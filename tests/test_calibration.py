@@ -1,10 +1,11 @@
 """`attnflow calibrate`: a claim's false-FAIL rate over seeds, with its exact interval, against its nominal rate."""
 import json
 
+import jsonschema
 import pytest
 
 import attnflow.closed_forms.gd_beta as cf
-from attnflow.validation import calibration
+from attnflow.validation import calibration, report
 from attnflow.validation.calibration import Calibration
 from attnflow.validation.cli import main
 from attnflow.validation.stats import clopper_pearson
@@ -47,6 +48,7 @@ def test_cli_prints_the_rate_and_exits_by_the_verdict(tmp_path, capsys):
     code = main(["calibrate", CLAIM, "--seeds", "2", "--jobs", "1", "--store", str(tmp_path), "--json"])
     document = json.loads(capsys.readouterr().out)
     assert code == 0 and document["schema"] == "attnflow.calibrate/1"
+    jsonschema.validate(document, report.json_schema("calibrate"))
     assert document["seeds"] == 2 and document["alarms"] == 0 and document["interval"][0] == 0.0
     assert main(["calibrate", "gd_beta", "--seeds", "2"]) == 2  # a system is not one claim
     assert main(["calibrate", CLAIM, "--seeds", "0"]) == 2

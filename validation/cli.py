@@ -187,7 +187,8 @@ def _command_calibrate(args) -> int:
                                   n_jobs=args.jobs, scheduler=args.scheduler,
                                   progress=wanted(quiet=args.no_progress or args.json))
     if args.json:
-        print(json.dumps(claims_module.to_jsonable(dict(schema="attnflow.calibrate/1", seed=args.seed,
+        print(json.dumps(claims_module.to_jsonable(dict(schema="attnflow.calibrate/1",
+                                                        attnflow_version=report.version(), seed=args.seed,
                                                         **found.as_dict())), indent=2))
     else:
         nominal = "none stated (deterministic)" if found.nominal is None else f"{found.nominal:.3g}"

@@ -22,7 +22,7 @@ from pathlib import Path
 from .claims import CheckResult
 
 JSON_SCHEMA = "attnflow.check/2"
-SCHEMAS = ("check", "solve", "simulate", "list")  # the documents described by validation/schemas/<name>.schema.json
+SCHEMAS = ("check", "solve", "simulate", "list", "calibrate")  # the documents described by validation/schemas/<name>.schema.json
 STATUSES = ("PASS", "FAIL", "FINDING", "ERROR")
 DERIVATION = re.compile(r"docs/(?P<system>[a-z][a-z0-9_]*)\.md,?\s+§(?P<section>\d+(?:\.\d+)*)")
 
