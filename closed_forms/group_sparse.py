@@ -90,6 +90,8 @@ def first_step_v(problem: GroupSparseProblem, eta: float) -> np.ndarray:
 
 def attention_weights(alpha: float, D: int) -> tuple[float, float]:
     """(s*, s_o) = (e^α, 1)/(e^α + D − 1): the position-only attention on j* and on each other position."""
+    alpha = check.real(alpha, "alpha")
+    D = check.integer(D, "D", minimum=2)
     if alpha > 0:
         s_o = math.exp(-alpha) / (1 + (D - 1) * math.exp(-alpha))
         return 1 - (D - 1) * s_o, s_o
@@ -136,7 +138,7 @@ def _position_only_kernel(beta, alpha, D, sigma_x, n_nodes):
     lam = a / b
     kappa = D * beta * sigma_x
     half_loss = min(14.0, 60.0 / max(kappa * omega, 1e-300))
-    half_skew = min(14.0, 60.0 / lam)
+    half_skew = min(14.0, 60.0 / lam) if lam > 0.0 else 14.0  # s* underflows to 0 below α ≈ −745: Φ(0x) is flat
     x = np.concatenate((np.linspace(-14.0, 14.0, n_nodes), np.linspace(-half_loss, half_loss, n_nodes),
                         np.linspace(-half_skew, half_skew, n_nodes)))
     x.sort()

@@ -163,6 +163,8 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
     Sum/Pair factorise over the i.i.d. t_j; Max/MaxPair condition on the nearest neighbour's value s = t_{i*}
     (the others i.i.d. below s). λ = e^w on a uniform w grid; every λ-integrand is assembled in log space.
     """
+    if xi2 < XI2_QUERY_DOMINATES:
+        return 0.5, 0.0, 0.0
     t, w = _theta_grid(d, log_B, n_theta)
     u = np.exp(xi1 * (t - 1.0))
     log_wu = np.empty(n_theta)  # log(w_k u_k), once per call: the Max terms are assembled in log space
@@ -242,11 +244,35 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
     return loss, d_xi1, d_xi2
 
 
+# Past this many θ nodes (16 MB per work array, about a second per evaluation) the adaptive grid is refused: the
+# nearest neighbour's range shrinks like 1/ξ₁, and ξ₁ in the millions would ask for gigabytes.
+MAX_THETA_NODES = 1_000_001
+
+# Below ξ₂ = −709 the query's own weight a = e^{−ξ₂} overflows. There every term of L but ½ and every gradient entry
+# carries a factor N/a < 1e-307 (docs/one_nn.md §6): (½, 0, 0) is the value to double precision.
+XI2_QUERY_DOMINATES = -709.0
+
+
+def theta_nodes(xi1: float, resolution: "Resolution") -> int:
+    """Nodes of the adaptive θ grid at ξ₁, refused (ValueError naming xi1) past :data:`MAX_THETA_NODES`."""
+    n_fine = max(resolution.theta_min, int(math.ceil(resolution.theta_per_xi1 * xi1)))
+    if n_fine > MAX_THETA_NODES:
+        raise ValueError(f"xi1 = {xi1:g} needs a quadrature grid of {n_fine} θ nodes, more than the budget of "
+                         f"{MAX_THETA_NODES} (attnflow.closed_forms.one_nn.MAX_THETA_NODES); the large-ξ₁ "
+                         f"asymptotics of docs/one_nn.md §7 apply there")
+    return n_fine
+
+
 @njit(cache=True)
 def _adaptive_quadrature(xi1, xi2, d, log_B, N, theta_min, theta_per_xi1, dw):
     """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on the grid :class:`Resolution` prescribes at (ξ₁, ξ₂): Richardson extrapolation
-    fine + (fine − coarse)/3 over a θ grid of n nodes and its (n + 1)/2-node subgrid, on one λ grid of spacing dw."""
+    fine + (fine − coarse)/3 over a θ grid of n nodes and its (n + 1)/2-node subgrid, on one λ grid of spacing dw.
+    A grid past MAX_THETA_NODES gives NaN (the dynamics then stop with a DivergenceError naming the step)."""
+    if xi2 < XI2_QUERY_DOMINATES:
+        return 0.5, 0.0, 0.0
     n_fine = max(theta_min, int(math.ceil(theta_per_xi1 * xi1)))
+    if n_fine > MAX_THETA_NODES:
+        return np.nan, np.nan, np.nan
     n_fine += 1 - n_fine % 2  # odd, so the coarse grid is every other node
     w_lo, w_hi = _lambda_range(xi1, math.exp(-xi2) if np.isfinite(xi2) else 0.0, N)
     n_lam = max(17, int(math.ceil((w_hi - w_lo) / dw)) + 1)
@@ -329,6 +355,9 @@ def reduced_loss_on_grid(problem: OneNNProblem, xi1: float, xi2: float, grid=DEF
     """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on one fixed (n_theta, n_lambda) grid, no error estimate (what the dynamics use)."""
     xi1, xi2 = _check_point(xi1, xi2)
     n_theta, n_lam = (check.integer(n, "grid", minimum=16) for n in grid)
+    if max(n_theta, n_lam) > MAX_THETA_NODES:
+        raise ValueError(f"grid {grid} is larger than the budget of {MAX_THETA_NODES} nodes per axis "
+                         "(attnflow.closed_forms.one_nn.MAX_THETA_NODES)")
     return _quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, n_theta, n_lam)
 
 
@@ -338,6 +367,7 @@ def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
     xi1, xi2 = _check_point(xi1, xi2)
     if not isinstance(resolution, Resolution):
         raise ValueError(f"resolution must be a one_nn.Resolution, got {resolution!r}")
+    theta_nodes(xi1, resolution)
     return _adaptive_quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, resolution.theta_min,
                                 resolution.theta_per_xi1, resolution.dw)
 

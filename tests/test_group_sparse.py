@@ -182,3 +182,18 @@ def test_exponent_difference_interval_covers_the_true_difference():
 def test_downstream_and_training_refuse_bad_input(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_attention_far_from_the_signal_position_keeps_its_limit_value():
+    """α ≪ 0: s* = e^α/(e^α + D − 1) underflows to 0 below α ≈ −745, where the loss and ∂L/∂β no longer depend
+    on α (the attention is uniform over the D − 1 other positions): the values there equal those at α = −100."""
+    problem = cf.GroupSparseProblem.from_params({})
+    reference = cf.position_only_terms(problem, 1.0, -100.0)
+    for alpha in (-745.0, -800.0, -1e4):
+        loss, d_beta, d_alpha = cf.position_only_terms(problem, 1.0, alpha)
+        assert loss == pytest.approx(reference[0], rel=1e-12) and d_beta == pytest.approx(reference[1], rel=1e-12)
+        assert abs(d_alpha) < 1e-12
+    with pytest.raises(ValueError, match="alpha"):
+        cf.attention_weights(float("nan"), 2)
+    with pytest.raises(ValueError, match="D"):
+        cf.attention_weights(0.0, 1)

@@ -210,3 +210,14 @@ def test_dynamics_quadrature_keeps_its_documented_accuracy_at_large_xi1(xi):
 def test_resolution_refuses_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         cf.Resolution(**kwargs)
+
+
+def test_degenerate_but_valid_points_get_their_limit_values_and_huge_grids_are_refused():
+    problem = cf.OneNNProblem(3, 2, 5.0)
+    near = cf.reduced_loss_adaptive(problem, 5.0, -700.0)
+    for xi2 in (-710.0, -1e4):  # the query's weight e^{−ξ₂} overflows: L = ½ and ∇L = 0 to double precision
+        assert cf.reduced_loss_adaptive(problem, 5.0, xi2) == (0.5, 0.0, 0.0)
+        assert cf.reduced_loss_on_grid(problem, 0.0, xi2) == (0.5, 0.0, 0.0)
+    assert near[0] == 0.5 and abs(near[1]) < 1e-300 and abs(near[2]) < 1e-300  # continuous with the limit
+    with pytest.raises(ValueError, match=r"xi1 = 1e\+08 needs a quadrature grid .*MAX_THETA_NODES"):
+        cf.reduced_loss_adaptive(problem, 1e8, 0.0)
