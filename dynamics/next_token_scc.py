@@ -7,7 +7,7 @@ epoch); the only randomness is the instance and the initialisation. Kernels use 
 * :func:`train` — GD (W ← W − η∇L) or normalised GD (W ← W − η∇L/||∇L||) on the log-loss with the identity head;
 * :func:`train_general_head` — normalised GD on the nonconvex model of the local-convergence experiment (head E,
   softmax over the vocabulary, squared loss; docs/next_token_scc.md §5.3);
-* :func:`metrics` — the comparison of §9 of the docs on recorded iterates.
+* :func:`metrics` — the comparison of docs/next_token_scc.md §8.1 on recorded iterates.
 """
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ def train_general_head(problem: NTPProblem, W0, *, eta: float = 0.1, steps: int 
 
 
 # ==================================================================================================
-# Theory against simulation (§9)
+# Theory against simulation (§8.1)
 # ==================================================================================================
 
 
@@ -228,7 +228,7 @@ def reference(problem: NTPProblem) -> Reference:
 
 
 def metrics(run: Trajectory, ref: Reference) -> dict:
-    """The comparisons of docs/next_token_scc.md §9 at every record: ``one_minus_corr`` 1 − corr(W, W^svm),
+    """The comparisons of docs/next_token_scc.md §8.1 at every record: ``one_minus_corr`` 1 − corr(W, W^svm),
     ``one_minus_corr_decomposed`` 1 − corr(W, W^fin + R W^svm) (R fitted per record), ``one_minus_corr_perp``
     1 − corr(W − Π_{S_fin}W, W^svm), ``fin_error`` ||Π_{S_fin}W − W^fin||, ``norm`` ||W||, ``mass_off`` max_i of the
     attention mass outside O_i, ``tv`` max_i TV(attention restricted to O_i, softmax(l^fin)), ``loss_gap``
@@ -274,7 +274,7 @@ def metrics(run: Trajectory, ref: Reference) -> dict:
 
 def population(problem: NTPProblem, *, eta: float = 1.0, steps: int = 20000, records: int = 40) -> Trajectory:
     """The theorem's algorithm: GD with constant step η from W_0 = 0 on the exact loss (§2.3), with the
-    comparison metrics of §9 against W^svm, W^fin and the limit attention."""
+    comparison metrics of §8.1 against W^svm, W^fin and the limit attention."""
     run = train(problem, np.zeros((problem.d, problem.d)), eta=eta, steps=steps, records=records)
     return Trajectory(times=run.times, states=run.states, metrics={**run.metrics, **metrics(run, Reference(problem))},
                       info=run.info, final=run.final)
@@ -283,7 +283,7 @@ def population(problem: NTPProblem, *, eta: float = 1.0, steps: int = 20000, rec
 def minibatch(problem: NTPProblem, *, seed: seeding.SeedLike, algorithm: str = "ngd", eta: float = 0.01,
               steps: int = 4000, init_scale: float = 1.0, records: int = 40) -> Trajectory:
     """The paper's experiment: full-batch (normalised) GD from the default initialisation U(−s/√d, s/√d) drawn from
-    ``seed`` (§2.3), with the metrics of §9."""
+    ``seed`` (§2.3), with the metrics of §8.1."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     W0 = initial_W(problem, seed=seed, scale=init_scale)
