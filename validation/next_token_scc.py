@@ -87,9 +87,10 @@ def _median_figure(groups, key, title, ylabel, *, theory=None):
             t = runs[0]["run"].times[1:]
             y = np.median([e["m"][key][1:] for e in runs], axis=0)
             ax.plot(t, np.maximum(y, 1e-300), marker, ms=3, label=f"{label} (median over {len(runs)})")
-            if theory is not None:
-                line = theory[1](t)
-                plots.theory_line(ax, t, line * y[-1] / line[-1], label=f"{theory[0]} ({label})")
+            if theory is not None:  # drawn over the last two decades, where the asymptotic law applies
+                late = t >= t[-1] / 100
+                line = theory[1](t[late])
+                plots.theory_line(ax, t[late], line * y[-1] / line[-1], label=f"{theory[0]} ({label})")
         plots.finish(ax, title, "step $\\tau$", ylabel, logx=True, logy=True)
         return fig
     return draw
