@@ -93,11 +93,11 @@ def nuclear_program(G, shape: tuple[int, int], start, start_lam, *, A=None, star
     Wbar = W.copy()
     # Warm start at the Frobenius solution and its multipliers rescaled to the nuclear dual's size
     # (1^T λ = ||W||_* at the optimum); it cuts the iterations on ill-conditioned instances severalfold.
-    scale = np.linalg.svd(start.reshape(shape), compute_uv=False).sum() / np.sum(start ** 2)
-    y = -np.asarray(start_lam, float) * scale
+    nuclear_start = np.linalg.svd(start.reshape(shape), compute_uv=False).sum()
+    y = -np.asarray(start_lam, float) * nuclear_start / np.sum(start ** 2)
     if has_eq:
         mu0 = np.zeros(len(A)) if start_mu is None else np.asarray(start_mu, float)
-        y = np.concatenate([y, -mu0 * scale])
+        y = np.concatenate([y, -mu0 * nuclear_start / np.sum(start ** 2)])
     best = (np.inf, None, None)
     lower = 0.0
     it = 0
