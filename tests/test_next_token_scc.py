@@ -210,6 +210,14 @@ def test_w_fin_closed_forms():
     assert np.abs(cf.w_fin(pair)).max() < 1e-10
 
 
+def test_fitted_radius_leaves_a_residual_orthogonal_to_w_svm():
+    problem = NTPProblem.mixed(seed=2)
+    W_svm, W_fin = cf.graph_svm(problem).W, cf.w_fin(problem)
+    W = np.random.default_rng(3).normal(size=W_svm.shape)
+    R = cf.fit_radius(W, W_fin, W_svm)
+    assert abs(np.sum((W - W_fin - R * W_svm) * W_svm)) < 1e-12 * np.sum(W ** 2)
+
+
 # ---- dynamics ------------------------------------------------------------------------------------------------
 
 

@@ -472,8 +472,9 @@ def ngd_decomposition(seed, instances, steps):
                    basis="a comparison on the same runs (equal up to round-off when W^fin = 0); deterministic",
                    passed=bool(np.median(decomposed) <= np.median(plain) + ROUND_OFF),
                    details=[dict(plain=float(a), decomposed=float(b)) for a, b in zip(plain, decomposed)],
-                   notes="In paper-size instances W^fin = 0 in most draws (symmetric 2-cycles, docs/next_token_scc.md "
-                         "§4.2), where the two targets coincide; the figure of gd_decomposition shows the mixed case.")
+                   notes="No figure of its own: in paper-size instances W^fin = 0 in most draws (symmetric 2-cycles, "
+                         "docs/next_token_scc.md §4.2), where the two targets coincide and the curves overlap; the "
+                         "figure of gd_decomposition shows the mixed case, where they separate.")
 
 
 def _ngd_stall(seed, instances, steps):
