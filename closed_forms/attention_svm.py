@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
-from scipy import optimize
 
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.max_margin import equality_ldp, ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
 
-__all__ = ["AttentionSVMProblem", "LOSSES", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
+__all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
            "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
@@ -34,6 +34,9 @@ __all__ = ["AttentionSVMProblem", "LOSSES", "INSTANCES", "SVMSolution", "constra
 LOSSES = ("logistic", "linear", "exp")
 INSTANCES = ("random", "single_global", "single_local", "multi_input", "two_token", "joint_tight", "joint_relaxed")
 LOSS_CODE = {name: k for k, name in enumerate(LOSSES)}
+# The log-loss ℓ(u) = −log u of a head with values in [0, 1] (not a choice of AttentionSVMProblem: its u is not a
+# probability); next_token_scc's identity head uses it (docs/next_token_scc.md §2.2).
+LOG_LOSS_CODE = 3
 MAX_N, MAX_T, MAX_D = 200, 64, 64
 # A constraint counts as active (a support token) when its margin is within this of 1 (§4). The Frobenius SVM is
 # exact to round-off (≈1e-15); the nuclear one is certified to a relative duality gap ``NUC_GAP``.
@@ -298,30 +301,6 @@ class SVMSolution:
         return float(np.linalg.norm(self.theta))
 
 
-def ldp(G, h) -> tuple[bool, np.ndarray, np.ndarray]:
-    """Least-distance programming min ||x|| s.t. G x ≥ h by one NNLS (Lawson & Hanson 1974, ch. 23; §3.1).
-
-    Solve min_{u ≥ 0} ||E u − e_{P+1}|| with E = [G^T; h^T]; r = E u − e_{P+1}. Infeasible iff r_{P+1} = 0
-    (then u/h^T u is a Farkas certificate: u ≥ 0, G^T u ≈ 0, h^T u = 1). Otherwise x = −r_{1:P}/r_{P+1} and the
-    KKT multipliers are λ = u/(−r_{P+1}) ≥ 0 with x = G^T λ. Returns (feasible, x or Farkas u, λ)."""
-    G = np.asarray(G, float)
-    h = np.asarray(h, float)
-    m, P = G.shape
-    E = np.vstack([G.T, h[None, :]])
-    f = np.zeros(P + 1)
-    f[-1] = 1.0
-    u, _ = optimize.nnls(E, f, maxiter=50 * (m + P + 1))
-    r = E @ u - f
-    scale = max(1.0, float(np.abs(G).max(initial=0.0)))
-    if -r[-1] < 1e-10:
-        return False, u / max(h @ u, 1e-300), u
-    x = -r[:P] / r[-1]
-    lam = u / (-r[-1])
-    if np.min(G @ x - h, initial=0.0) < -1e-8 * scale * max(1.0, np.linalg.norm(x)):
-        return False, u, lam  # numerically infeasible: the NNLS residual is not a solution
-    return True, x, lam
-
-
 def frobenius_svm(problem: AttentionSVMProblem, alpha=None, *, h=None) -> SVMSolution:
     """Att-SVM / W-SVM: min ||θ||_2 (||W||_F) s.t. <M_j, θ> ≥ h_j (h = 1: §3), exact to round-off via :func:`ldp`."""
     M, index = constraint_rows(problem, alpha)
@@ -349,43 +328,12 @@ def nuclear_svm(problem: AttentionSVMProblem, alpha=None, *, gap: float = NUC_GA
         return SVMSolution(False, None, None, fro.rows, fro.index, "nuc", certificate=fro.certificate)
     M, index = fro.rows, fro.index
     d = problem.d
-    A = M  # (m, d²): (A W)_j = <M_j, W>
-    step = 0.95 / np.linalg.norm(A, 2)
-    W = fro.theta.ravel().copy()
-    Wbar = W.copy()
-    # Warm start at the Frobenius solution and its multipliers rescaled to the nuclear dual's size
-    # (1^T λ = ||W||_* at the optimum); it cuts the iterations on ill-conditioned instances severalfold.
-    y = -fro.lam * np.linalg.svd(fro.theta, compute_uv=False).sum() / np.sum(fro.theta**2)
-    best = (np.inf, None, None)
-    lower = 0.0
-    it = 0
-    for it in range(1, max_iterations + 1):
-        y = np.minimum(y + step * (A @ Wbar - 1.0), 0.0)
-        U, s, Vt = np.linalg.svd((W - step * (A.T @ y)).reshape(d, d))
-        s = np.maximum(s - step, 0.0)
-        W_new = ((U * s) @ Vt).ravel()
-        Wbar = 2 * W_new - W
-        W = W_new
-        if it % 25 == 0:
-            margin = float(np.min(A @ W))
-            if margin > 0:
-                upper = s.sum() / margin
-                if upper < best[0]:
-                    best = (upper, W / margin, -y.copy())
-            lam = -y
-            op = np.linalg.norm((A.T @ lam).reshape(d, d), 2)
-            if op > 0:
-                lower = max(lower, lam.sum() / op)
-            if best[1] is not None and best[0] - lower <= gap * best[0]:
-                break
-    upper, W, lam = best
-    if W is None:
+    out = nuclear_program(M, (d, d), fro.theta, fro.lam, gap=gap, max_iterations=max_iterations)
+    if out is None:
         raise ValueError("the nuclear SVM found no feasible iterate (degenerate constraints)")
-    margins = A @ W
-    theta = W.reshape(d, d)
-    active = np.abs(margins - 1.0) <= ACTIVE_TOL_NUC
-    return SVMSolution(True, theta, lam, M, index, "nuc", active=active, margins=margins,
-                       gap=float((upper - lower) / upper), iterations=it)
+    active = np.abs(out["margins"] - 1.0) <= ACTIVE_TOL_NUC
+    return SVMSolution(True, out["theta"], out["lam"], M, index, "nuc", active=active, margins=out["margins"],
+                       gap=out["gap"], iterations=out["iterations"])
 
 
 def svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") -> SVMSolution:
@@ -552,18 +500,9 @@ def selection_svm(problem: AttentionSVMProblem, selected) -> SelectionSVM:
     A, G = selection_rows(problem, selected)
     if len(G) == 0:
         raise ValueError("selected: every token is selected in every input, there is no margin constraint")
-    P = problem.P
-    if len(A):
-        _, sv, Vt = np.linalg.svd(A)
-        r = int(np.sum(sv > 1e-12 * max(1.0, sv.max())))
-        N = Vt[r:].T
-    else:
-        N = np.eye(P)
-    feasible, y, lam = (ldp(G @ N, np.ones(len(G))) if N.shape[1] else (False, None, None))
+    feasible, theta, lam, mu = equality_ldp(A, G)
     if not feasible:
         return SelectionSVM(False, None, None, None, A, G)
-    theta = N @ y
-    mu = np.linalg.lstsq(A.T, theta - G.T @ lam, rcond=None)[0] if len(A) else np.zeros(0)
     return SelectionSVM(True, theta.reshape(problem.theta_shape()), lam, mu, A, G)
 
 
@@ -594,13 +533,17 @@ def corr(A, B) -> float:
 def log_scaled_logit_gradient(logit, a, Y, loss_code):
     """dL/dl_it = e^c D_it (§2.3, eq. 2.3a) with D computed without cancellation or underflow.
 
-    logit, a : (n, T) logits and token values; Y : (n,).  Returns (D, c, loss, log_loss, unsat) where
+    logit, a : (n, T) logits and token values; Y : (n,). ``loss_code`` indexes LOSSES, or is LOG_LOSS_CODE for the
+    log-loss ℓ(u) = −log u of a head with values a_it ∈ [0, 1] and Y = 1 (next-token prediction with the identity head,
+    docs/next_token_scc.md §2.2): there log|ℓ'(u)| = −log u, u and ℓ(u) = −log1p(−Σ_t s_it(1 − a_it)) are formed from
+    the log-softmax, so neither u nor 1 − u is a difference.  Returns (D, c, loss, log_loss, unsat) where
     c = max_i[log|ℓ'(u_i)| + max_{t≠τ}(log s_it + log s_iτ)], ``loss`` = L, ``log_loss`` = log L and
     ``unsat`` = max_i (1 − max_t s_it), computed as a sum of the small probabilities."""
     n, T = logit.shape
     logs = np.empty((n, T))
     u = np.empty(n)
     lp = np.empty(n)
+    log_miss = np.full(n, -np.inf)
     unsat = 0.0
     for i in range(n):
         m = logit[i].max()
@@ -625,6 +568,16 @@ def log_scaled_logit_gradient(logit, a, Y, loss_code):
             lp[i] = -np.logaddexp(0.0, u[i])
         elif loss_code == 1:
             lp[i] = 0.0
+        elif loss_code == LOG_LOSS_CODE:
+            # log u = log Σ_t s_t a_t and log(1 − u) = log Σ_t s_t (1 − a_t), both in log scale
+            log_u = -np.inf
+            log_miss[i] = -np.inf
+            for t in range(T):
+                if a[i, t] > 0.0:
+                    log_u = np.logaddexp(log_u, logs[i, t] + np.log(a[i, t]))
+                if a[i, t] < 1.0:
+                    log_miss[i] = np.logaddexp(log_miss[i], logs[i, t] + np.log(1.0 - a[i, t]))
+            lp[i] = -log_u
         else:
             lp[i] = -u[i]
     # log of the loss (its sum is formed in log scale so exponential/logistic losses never underflow)
@@ -634,6 +587,8 @@ def log_scaled_logit_gradient(logit, a, Y, loss_code):
             ell[i] = np.logaddexp(0.0, -u[i])
         elif loss_code == 1:
             ell[i] = -u[i]
+        elif loss_code == LOG_LOSS_CODE:
+            ell[i] = -np.log1p(-np.exp(log_miss[i]))
         else:
             ell[i] = np.exp(-u[i])
     loss = ell.mean()
@@ -644,13 +599,19 @@ def log_scaled_logit_gradient(logit, a, Y, loss_code):
             if loss_code == 0:
                 # log log(1 + e^{-u}); for large u, log(1+e^{-u}) ≈ e^{-u} and its log is −u
                 logl[i] = np.log(ell[i]) if ell[i] > 1e-300 else -u[i]
+            elif loss_code == LOG_LOSS_CODE:
+                # −log(1 − m) = m(1 + O(m)): log of the loss is log m where m underflows
+                logl[i] = np.log(ell[i]) if ell[i] > 1e-300 else log_miss[i]
             else:
                 logl[i] = -u[i]
         mx = logl.max()
-        s = 0.0
-        for i in range(n):
-            s += np.exp(logl[i] - mx)
-        log_loss = mx + np.log(s) - np.log(n)
+        if mx == -np.inf:  # every sample's loss is exactly 0
+            log_loss = -np.inf
+        else:
+            s = 0.0
+            for i in range(n):
+                s += np.exp(logl[i] - mx)
+            log_loss = mx + np.log(s) - np.log(n)
     c = -np.inf
     for i in range(n):
         a1 = -np.inf

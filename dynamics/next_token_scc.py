@@ -1,0 +1,292 @@
+"""Training one self-attention layer for next-token prediction on a finite data set (docs/next_token_scc.md).
+
+The paper's algorithms use the whole data set at every step, so ``minibatch`` is full-batch training (one step per
+epoch); the only randomness is the instance and the initialisation. Kernels use the cancellation-free gradient of
+:func:`attnflow.closed_forms.attention_svm.log_scaled_logit_gradient` (docs/next_token_scc.md §2.2).
+
+* :func:`train` — GD (W ← W − η∇L) or normalised GD (W ← W − η∇L/||∇L||) on the log-loss with the identity head;
+* :func:`train_general_head` — normalised GD on the nonconvex model of the local-convergence experiment (head E,
+  softmax over the vocabulary, squared loss; docs/next_token_scc.md §5.3);
+* :func:`metrics` — the comparison of docs/next_token_scc.md §8.1 on recorded iterates.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from attnflow import seeding
+from attnflow.closed_forms import checks as check
+from attnflow.closed_forms import next_token_scc as cf
+from attnflow.closed_forms.attention_svm import LOG_LOSS_CODE, log_scaled_logit_gradient
+from attnflow.closed_forms.next_token_scc import NTPProblem
+
+from .errors import DivergenceError
+from .montecarlo import Trajectory
+
+__all__ = ["ALGORITHMS", "MAX_STEPS", "record_steps", "initial_W", "train", "train_general_head", "Reference",
+           "reference", "metrics", "population", "minibatch"]
+
+ALGORITHMS = ("gd", "ngd")
+MAX_STEPS = 10_000_000
+MAX_RECORDS = 2000
+LINEAR_LOSS_CODE = 1  # ℓ(u) = −u in the shared kernel: dL/dl = (1/n) s (a − s^T a) for token values −a
+
+
+def record_steps(steps: int, records: int = 40) -> np.ndarray:
+    """About ``records`` log-spaced steps in [0, steps] (always 0 and ``steps``)."""
+    steps = check.integer(steps, "steps", minimum=1)
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps must be <= {MAX_STEPS}, got {steps}")
+    records = check.integer(records, "records", minimum=2)
+    if records > MAX_RECORDS:
+        raise ValueError(f"records must be <= {MAX_RECORDS}, got {records}")
+    return np.concatenate([[0], np.unique(np.round(np.geomspace(1, steps, records - 1)).astype(np.int64))])
+
+
+@njit(cache=True)
+def _logits(E, W, ids, last):
+    Z = E @ W @ E.T  # Z[a, k] = e_a^T W e_k
+    n, T = ids.shape
+    out = np.empty((n, T))
+    for i in range(n):
+        for t in range(T):
+            out[i, t] = Z[ids[i, t], last[i]]
+    return out
+
+
+@njit(cache=True)
+def _pull_back(E, D, ids, last):
+    """∇_W = E^T G_Z E with G_Z[a, k] = Σ_{x_it = a, k_i = k} D_it (docs/next_token_scc.md §2.2)."""
+    K = E.shape[0]
+    GZ = np.zeros((K, K))
+    n, T = ids.shape
+    for i in range(n):
+        for t in range(T):
+            GZ[ids[i, t], last[i]] += D[i, t]
+    return E.T @ GZ @ E
+
+
+@njit(cache=True)
+def _train_kernel(E, ids, last, label_mask, W0, eta, steps, normalise, record):
+    n = ids.shape[0]
+    R = record.size
+    d = E.shape[1]
+    Ws = np.empty((R, d, d))
+    losses = np.empty(R)
+    log_losses = np.empty(R)
+    ones = np.ones(n)
+    W = W0.copy()
+    r = 0
+    for k in range(steps + 1):
+        logit = _logits(E, W, ids, last)
+        D, c, loss, log_loss, _ = log_scaled_logit_gradient(logit, label_mask, ones, LOG_LOSS_CODE)
+        if r < R and record[r] == k:
+            Ws[r] = W
+            losses[r] = loss
+            log_losses[r] = log_loss
+            r += 1
+        if k == steps:
+            break
+        g = _pull_back(E, D, ids, last)
+        if normalise:
+            gn = np.sqrt(np.sum(g * g))
+            if gn == 0.0:
+                return Ws, losses, log_losses, 2, k
+            W = W - eta * g / gn
+        else:
+            W = W - eta * np.exp(c) * g
+        if not np.all(np.isfinite(W)):
+            return Ws, losses, log_losses, 1, k + 1
+    return Ws, losses, log_losses, 0, steps
+
+
+@njit(cache=True)
+def _general_head_kernel(E, ids, last, labels, W0, eta, steps, record):
+    # h_i = E X_i^T s_i = Σ_t s_it Γ[:, x_it] (Γ = E E^T), p_i = softmax(h_i), loss (1 − p_{i,y_i})²;
+    # dloss/dh = −2(1 − p_y) p_y (e_y − p), so dloss/ds_it = a_it = (dloss/dh)·Γ[:, x_it]: a linear head in s
+    n, T = ids.shape
+    K, d = E.shape
+    R = record.size
+    Gram = E @ E.T
+    Ws = np.empty((R, d, d))
+    losses = np.empty(R)
+    ones = np.ones(n)
+    W = W0.copy()
+    r = 0
+    a = np.empty((n, T))
+    for k in range(steps + 1):
+        logit = _logits(E, W, ids, last)
+        loss = 0.0
+        for i in range(n):
+            s = np.exp(logit[i] - logit[i].max())
+            s /= s.sum()
+            h = np.zeros(K)
+            for t in range(T):
+                h += s[t] * Gram[:, ids[i, t]]
+            p = np.exp(h - h.max())
+            p /= p.sum()
+            py = p[labels[i]]
+            loss += (1.0 - py) ** 2 / n
+            u = 2.0 * (1.0 - py) * py * p  # −dloss/dh off the label …
+            u[labels[i]] -= 2.0 * (1.0 - py) * py  # … and on it
+            for t in range(T):
+                # token value for the shared kernel's linear loss ℓ(f) = −f: minus dloss/ds_it
+                a[i, t] = -np.sum(u * Gram[:, ids[i, t]])
+        D, c, _, _, _ = log_scaled_logit_gradient(logit, a, ones, LINEAR_LOSS_CODE)
+        if r < R and record[r] == k:
+            Ws[r] = W
+            losses[r] = loss
+            r += 1
+        if k == steps:
+            break
+        g = _pull_back(E, D, ids, last)
+        gn = np.sqrt(np.sum(g * g))
+        if gn == 0.0:
+            return Ws, losses, 2, k
+        W = W - eta * g / gn
+        if not np.all(np.isfinite(W)):
+            return Ws, losses, 1, k + 1
+    return Ws, losses, 0, steps
+
+
+def _record(steps, records, record):
+    if record is None:
+        return record_steps(steps, records)
+    record = np.unique(np.asarray(record, dtype=np.int64))
+    if record.size < 1 or record[0] < 0 or record[-1] > MAX_STEPS or record.size > MAX_RECORDS:
+        raise ValueError(f"record must hold at most {MAX_RECORDS} steps in [0, {MAX_STEPS}]")
+    return record
+
+
+def _status(status: int, step: int, what: str) -> dict:
+    if status == 1:
+        raise DivergenceError(f"{what} left the finite region at step {step}")
+    return dict(stopped_at=int(step), stationary=status == 2)
+
+
+def initial_W(problem: NTPProblem, *, seed: seeding.SeedLike, scale: float = 1.0) -> np.ndarray:
+    """W_0 with entries U(−scale/√d, scale/√d): a torch linear layer's default at scale 1 (§2.3)."""
+    scale = check.real(scale, "scale", minimum=0.0)
+    bound = scale / np.sqrt(problem.d)
+    return np.random.default_rng(seeding.as_seed_sequence(seed)).uniform(-bound, bound, size=(problem.d, problem.d))
+
+
+def train(problem: NTPProblem, W0, *, eta: float = 1.0, steps: int = 2000, normalise: bool = False,
+          records: int = 40, record=None) -> Trajectory:
+    """GD or normalised GD on the exact log-loss (§2.3) from ``W0``. Records W_k (``states["W"]``), ``loss`` and
+    ``log_loss`` at log-spaced k (or at ``record``); a step that leaves the finite region raises DivergenceError."""
+    eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    record = _record(steps, records, record)
+    W0 = check.finite_array(W0, "W0", shape=(problem.d, problem.d))
+    Ws, loss, log_loss, status, step = _train_kernel(problem.E, problem.ids, problem.last, problem.label_mask,
+                                                     W0.copy(), eta, int(record[-1]), bool(normalise), record)
+    info = _status(status, step, "normalised GD" if normalise else "GD")
+    kept = record <= info["stopped_at"]
+    return Trajectory(times=record[kept].astype(float), states={"W": Ws[kept]},
+                      metrics={"loss": loss[kept], "log_loss": log_loss[kept]},
+                      info=dict(info, algorithm="ngd" if normalise else "gd", eta=eta), final={"W": Ws[kept][-1]})
+
+
+def train_general_head(problem: NTPProblem, W0, *, eta: float = 0.1, steps: int = 2000, records: int = 40,
+                       record=None) -> Trajectory:
+    """Normalised GD on the local-convergence experiment's model (§5.3): logits h_i = E X_i^T s_i over the
+    vocabulary, loss (1/n) Σ_i (1 − softmax(h_i)_{y_i})². Records W_k and ``loss``."""
+    eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    record = _record(steps, records, record)
+    W0 = check.finite_array(W0, "W0", shape=(problem.d, problem.d))
+    Ws, loss, status, step = _general_head_kernel(problem.E, problem.ids, problem.last, problem.labels, W0.copy(),
+                                                  eta, int(record[-1]), record)
+    info = _status(status, step, "normalised GD (general head)")
+    kept = record <= info["stopped_at"]
+    return Trajectory(times=record[kept].astype(float), states={"W": Ws[kept]}, metrics={"loss": loss[kept]},
+                      info=dict(info, algorithm="ngd_general_head", eta=eta), final={"W": Ws[kept][-1]})
+
+
+# ==================================================================================================
+# Theory against simulation (§8.1)
+# ==================================================================================================
+
+
+class Reference:
+    """The theory objects of one problem, computed once: graphs, O_i, W^svm, S_fin, W^fin, the limit attention and
+    the limit loss L_red(W^fin)."""
+
+    def __init__(self, problem: NTPProblem):
+        self.problem = problem
+        self.graphs = cf.priority_graphs(problem)
+        self.O = cf.high_priority_mask(problem, self.graphs)
+        self.svm = cf.graph_svm(problem, graphs=self.graphs)
+        self.W_svm = self.svm.W
+        self.basis = cf.sfin_basis(problem, self.graphs)
+        self.W_fin = cf.w_fin(problem, graphs=self.graphs)
+        self.attention = cf.predicted_attention(problem, self.W_fin, self.graphs)
+        self.limit_loss = cf.reduced_loss_and_gradient(problem, self.W_fin, self.O)[0]
+
+
+def reference(problem: NTPProblem) -> Reference:
+    return Reference(problem)
+
+
+def metrics(run: Trajectory, ref: Reference) -> dict:
+    """The comparisons of docs/next_token_scc.md §8.1 at every record: ``one_minus_corr`` 1 − corr(W, W^svm),
+    ``one_minus_corr_decomposed`` 1 − corr(W, W^fin + R W^svm) (R fitted per record), ``one_minus_corr_perp``
+    1 − corr(W − Π_{S_fin}W, W^svm), ``fin_error`` ||Π_{S_fin}W − W^fin||, ``norm`` ||W||, ``mass_off`` max_i of the
+    attention mass outside O_i, ``tv`` max_i TV(attention restricted to O_i, softmax(l^fin)), ``loss_gap``
+    L(W) − L_red(W^fin). Directional metrics are NaN when W^svm = 0."""
+    problem = ref.problem
+    Ws = run.states["W"]
+    flat = Ws.reshape(len(Ws), -1)
+    norms = np.linalg.norm(flat, axis=1)
+    projected = cf.project_sfin(Ws, ref.basis)
+    svm = ref.W_svm.ravel()
+    svm_norm = np.linalg.norm(svm)
+    out = dict(norm=norms, fin_error=np.linalg.norm((projected - ref.W_fin).reshape(len(Ws), -1), axis=1),
+               loss_gap=run.metrics["loss"] - ref.limit_loss)
+    nan = np.full(len(Ws), np.nan)
+    if svm_norm > 0:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["one_minus_corr"] = 1 - flat @ svm / (norms * svm_norm)
+            perp = (Ws - projected).reshape(len(Ws), -1)
+            out["one_minus_corr_perp"] = 1 - perp @ svm / (np.linalg.norm(perp, axis=1) * svm_norm)
+            radius = (flat - ref.W_fin.ravel()) @ svm / svm_norm ** 2
+            target = ref.W_fin.ravel()[None, :] + radius[:, None] * svm[None, :]
+            out["one_minus_corr_decomposed"] = 1 - np.sum(flat * target, 1) / (norms * np.linalg.norm(target, axis=1))
+    else:
+        out.update(one_minus_corr=nan, one_minus_corr_perp=nan, one_minus_corr_decomposed=nan)
+    mass_off, tv = np.empty(len(Ws)), np.empty(len(Ws))
+    for j, W in enumerate(Ws):
+        l = cf.logits(problem, W)
+        log_s = l - np.logaddexp.reduce(l, axis=1, keepdims=True)
+        # mass outside O_i, summed (not 1 − mass on O_i) so that it does not cancel
+        off = np.where(ref.O, -np.inf, log_s)
+        mass_off[j] = np.exp(np.logaddexp.reduce(off, axis=1)).max()
+        inside = np.where(ref.O, l, -np.inf)
+        within = np.exp(inside - np.logaddexp.reduce(inside, axis=1, keepdims=True))
+        tv[j] = 0.5 * np.abs(within - ref.attention).sum(axis=1).max()
+    out.update(mass_off=mass_off, tv=tv)
+    return out
+
+
+# ==================================================================================================
+# The System contract
+# ==================================================================================================
+
+
+def population(problem: NTPProblem, *, eta: float = 1.0, steps: int = 20000, records: int = 40) -> Trajectory:
+    """The theorem's algorithm: GD with constant step η from W_0 = 0 on the exact loss (§2.3), with the
+    comparison metrics of §8.1 against W^svm, W^fin and the limit attention."""
+    run = train(problem, np.zeros((problem.d, problem.d)), eta=eta, steps=steps, records=records)
+    return Trajectory(times=run.times, states=run.states, metrics={**run.metrics, **metrics(run, Reference(problem))},
+                      info=run.info, final=run.final)
+
+
+def minibatch(problem: NTPProblem, *, seed: seeding.SeedLike, algorithm: str = "ngd", eta: float = 0.01,
+              steps: int = 4000, init_scale: float = 1.0, records: int = 40) -> Trajectory:
+    """The paper's experiment: full-batch (normalised) GD from the default initialisation U(−s/√d, s/√d) drawn from
+    ``seed`` (§2.3), with the metrics of §8.1."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    W0 = initial_W(problem, seed=seed, scale=init_scale)
+    run = train(problem, W0, eta=eta, steps=steps, normalise=algorithm == "ngd", records=records)
+    return Trajectory(times=run.times, states=run.states, metrics={**run.metrics, **metrics(run, Reference(problem))},
+                      info=run.info, final=run.final)
