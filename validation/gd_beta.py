@@ -244,6 +244,21 @@ def ltb_equals_gd_beta(seed, d, N, beta_norms, n_prompts):
 # ==================================================================================================
 
 
+def lsa_gap_figure(beta_norms, gaps, N: int):
+    """The LSA gap inf LSA − R* at ``beta_norms`` (markers, the exact reduction) in the docs/gd_beta.md §6 example
+    beside the GD-0 upper bound and its first-order form (d+1)‖β*‖²_H/N (lines)."""
+    fig, ax = plots.figure(width=6.4)
+    plots.simulation_points(ax, beta_norms, gaps, label=r"$\inf\,\mathrm{LSA} - R^*$ (exact reduction)")
+    grid = np.linspace(0.0, max(beta_norms), 41)
+    gd0 = [cf.gd0_optimal_risk(example_problem(g, N=N)) - cf.optimal_risk(example_problem(g, N=N)) for g in grid]
+    plots.theory_line(ax, grid, gd0, label="GD-0 upper bound")
+    plots.theory_line(ax, grid, (EXAMPLE_H.shape[0] + 1) * grid**2 / N,
+                      label=r"$(d+1)\|\beta^*\|_H^2/N$ (first order)", linestyle=":", color="gray")
+    plots.finish(ax, f"LSA approximation gap (Thm 4.1), $N = {N}$", r"$\|\beta^*\|_H$", "risk gap")
+    plots.legend_outside(ax)
+    return fig
+
+
 @claim(
     "gd_beta.lsa_gap",
     reference=f"{PAPER}: Theorem 4.1; exact LSA reduction and GD-0 sandwich of docs/gd_beta.md §6",
@@ -283,17 +298,7 @@ def lsa_gap(seed, beta_norms, N, n_prompts):
     )
 
     def figure():
-        fig, ax = plots.figure(width=6.4)
-        norms = [r["beta_norm_H"] for r in rows]
-        plots.simulation_points(ax, norms, gaps, label=r"$\inf\,\mathrm{LSA} - R^*$ (exact reduction)")
-        grid = np.linspace(0.0, max(norms), 41)
-        gd0 = [cf.gd0_optimal_risk(example_problem(g, N=N)) - cf.optimal_risk(example_problem(g, N=N)) for g in grid]
-        plots.theory_line(ax, grid, gd0, label="GD-0 upper bound")
-        plots.theory_line(ax, grid, (EXAMPLE_H.shape[0] + 1) * grid**2 / N,
-                          label=r"$(d+1)\|\beta^*\|_H^2/N$ (first order)", linestyle=":", color="gray")
-        plots.finish(ax, f"LSA approximation gap (Thm 4.1), $N = {N}$", r"$\|\beta^*\|_H$", "risk gap")
-        plots.legend_outside(ax)
-        return fig
+        return lsa_gap_figure([r["beta_norm_H"] for r in rows], gaps, N)
 
     return Outcome(
         measured={"gap_at_largest_beta_norm": float(gaps[-1]),
@@ -752,7 +757,13 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
     means, ses = y.mean(axis=1), y.std(axis=1, ddof=1) / np.sqrt(seeds)
 
     def figure():
-        return plots.scaling_figure(x, y, fit, GRADIENT_LAW, "Minibatch gradient deviation (sweep over B)")
+        fig = plots.scaling_figure(x, y, fit, GRADIENT_LAW, "Minibatch gradient deviation (sweep over $B$)")
+        ax = fig.axes[0]
+        ax.set_xlabel("batch size $B$")
+        ax.set_ylabel(r"$\|\hat g_B - \nabla R\|^2$")
+        fig.set_size_inches(7.4, 3.6)
+        plots.legend_outside(ax)
+        return fig
 
     return Outcome(
         measured={"exponent": fit.estimate, "interval_low": fit.low, "interval_high": fit.high},

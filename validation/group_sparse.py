@@ -231,11 +231,11 @@ def loss_rate(seed, D, steps, eta):
     def figure():
         fig, (ax_beta, ax_l, ax_c) = plots.figure(ncols=3, width=3.6)
         plots.simulation_points(ax_beta, t[1:], beta[1:], markersize=3, label=r"$\beta(T)$ ($(\beta, \alpha)$ map)")
-        plots.predicted_rate(ax_beta, t[late], t[late][0], beta[late][0], 1 / 3, r"$\propto T^{1/3}$ (predicted)")
+        plots.predicted_rate(ax_beta, t[1:], t[late][0], beta[late][0], 1 / 3, r"$\propto T^{1/3}$ (predicted)")
         plots.finish(ax_beta, rf"$\beta$ grows like $T^{{1/3}}$ ($D = {D}$)", "step $T$", r"$\beta$", logx=True,
                      logy=True)
         plots.simulation_points(ax_l, t[1:], loss[1:], markersize=3, label=r"$L(\beta, \alpha)$ (quadrature)")
-        plots.predicted_rate(ax_l, t[late], t[late][0], loss[late][0], -1 / 3, r"$\propto T^{-1/3}$ (predicted)")
+        plots.predicted_rate(ax_l, t[1:], t[late][0], loss[late][0], -1 / 3, r"$\propto T^{-1/3}$ (predicted)")
         plots.finish(ax_l, "Loss", "step $T$", "$L$", logx=True, logy=True)
         plots.simulation_points(ax_c, t[1:], constant_ratio[1:], markersize=3, label=r"$L\,D\beta\sigma_x/c$")
         plots.theory_line(ax_c, t[1:], np.ones(t.size - 1), label=r"limit 1, $c = \sqrt{2/\pi}\,\pi^2/12$")

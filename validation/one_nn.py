@@ -107,13 +107,13 @@ def loss_to_zero(seed, steps, eta):
         fig, (ax_loss, ax_xi) = plots.figure(ncols=2, width=4.6)
         plots.simulation_points(ax_loss, t[1:], loss[1:], label=r"$L(\xi_1(t), \xi_2(t))$ (quadrature)",
                                 markersize=2.5)
-        plots.predicted_rate(ax_loss, t[late], t[late][0], loss[late][0], -1 / 3, r"$\propto t^{-1/3}$ (predicted)")
+        plots.predicted_rate(ax_loss, t[1:], t[late][0], loss[late][0], -1 / 3, r"$\propto t^{-1/3}$ (predicted)")
         plots.finish(ax_loss, f"Reduced GD, $d={EXAMPLE.d}$, $N={EXAMPLE.N}$, $\\sigma={EXAMPLE.sigma:g}$, "
                      f"$\\eta={eta:g}$", "step $t$", "loss $L$", logx=True, logy=True)
         plots.show_all_log_ticks(ax_loss, "y")
         plots.simulation_points(ax_xi, t[1:], xi1[1:], label=r"$\xi_1$", markersize=2.5)
         plots.simulation_points(ax_xi, t[1:], xi2[1:], label=r"$\xi_2$", markersize=2.5, marker="s")
-        plots.predicted_rate(ax_xi, t[late], t[late][0], xi1[late][0], 1 / 3, r"$\propto t^{1/3}$ (predicted)")
+        plots.predicted_rate(ax_xi, t[1:], t[late][0], xi1[late][0], 1 / 3, r"$\propto t^{1/3}$ (predicted)")
         plots.finish(ax_xi, "Diagonal weights", "step $t$", r"$\xi_1$, $\xi_2$", logx=True, logy=True)
         plots.show_all_log_ticks(ax_xi, "y")
         return fig
@@ -271,8 +271,10 @@ def full_gd_leaves_manifold(seed, eta_small, eta_large, steps, batch_size):
     def figure():
         fig, ax = plots.figure(width=6.6)
         for run, eta, marker in ((small, eta_small, "o"), (large, eta_large, "s")):
-            plots.simulation_points(ax, run.times, np.abs(run.metrics["label_indicator"]) + 1e-16, marker=marker,
-                                    markersize=3, label=rf"full GD, $\eta = {eta:g}$")
+            entry = np.abs(run.metrics["label_indicator"])
+            shown = entry > 0  # the start is exactly on the manifold (0 has no place on a log axis)
+            plots.simulation_points(ax, run.times[shown], entry[shown], marker=marker, markersize=3,
+                                    label=rf"full GD, $\eta = {eta:g}$")
         t = small.times
         plots.theory_line(ax, t, np.full(t.size, steps * noise), label=rf"bound $T\eta/\sqrt{{B}}$ at $\eta = {eta_small:g}$")
         plots.theory_line(ax, t, np.full(t.size, 0.5), color="tab:red", linestyle=":", label="O(1) threshold 0.5")
@@ -289,6 +291,19 @@ def full_gd_leaves_manifold(seed, eta_small, eta_large, steps, batch_size):
         tolerance=f"small η: max |W[d,d+1]| <= {steps:d}·(η/√B) (the random-walk bound); large η: > 0.5",
         basis="a random walk of steps of size η/√B stays below T·η/√B; instability makes the entry O(1)",
         passed=bool(small_entry <= steps * noise and large_entry > 0.5), figure=figure)
+
+
+def distribution_shift_figure(rows, delta: float):
+    """Shifted test loss (markers, ±2 SE) and the mechanism bound (line) at training checkpoints; ``rows`` are dicts
+    with ``step``, ``test_loss``, ``standard_error`` and ``bound`` (docs/one_nn.md §8, §9)."""
+    fig, ax = plots.figure(width=6.4)
+    steps = [r["step"] for r in rows]
+    plots.simulation_points(ax, steps, [r["test_loss"] for r in rows], [r["standard_error"] for r in rows],
+                            label="shifted test loss (±2 SE)")
+    plots.theory_line(ax, steps, [r["bound"] for r in rows], label="mechanism bound (same prompts)")
+    plots.finish(ax, rf"Distribution shift, $\delta = {delta:g}$", "training step", "test loss", logx=True, logy=True)
+    plots.legend_outside(ax)
+    return fig
 
 
 @claim(
@@ -316,14 +331,7 @@ def distribution_shift(seed, delta, checkpoints, n_prompts, eta):
     below = all(r["test_loss"] <= r["bound"] for r in rows)
 
     def figure():
-        fig, ax = plots.figure(width=6.4)
-        steps = [r["step"] for r in rows]
-        plots.simulation_points(ax, steps, losses, ses, label="shifted test loss (±2 SE)")
-        plots.theory_line(ax, steps, [r["bound"] for r in rows], label="mechanism bound (same prompts)")
-        plots.finish(ax, rf"Distribution shift, $\delta = {delta:g}$", "training step", "test loss", logx=True,
-                     logy=True)
-        plots.legend_outside(ax)
-        return fig
+        return distribution_shift_figure(rows, delta)
 
     return Outcome(
         measured={"test_loss_first_checkpoint": float(losses[0]), "test_loss_last_checkpoint": float(losses[-1])},

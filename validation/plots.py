@@ -127,13 +127,14 @@ def predicted_rate(ax, x, x0: float, y0: float, exponent: float, label: str, *, 
 
 
 def show_all_log_ticks(ax, axis: str = "y"):
-    """Numbers at 1, 2, 5 × 10^k on a log axis that spans too little for matplotlib to label it by itself."""
-    from matplotlib.ticker import LogLocator, LogFormatterSciNotation
+    """Plain numbers at 1, 2, 5 × 10^k on a log axis that spans too little (a decade or two) for matplotlib to
+    number it well by itself; the other minor ticks stay unlabelled."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    target.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
-    target.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(0, 0)))
+    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    target.set_minor_formatter(NullFormatter())
 
 
 def trajectory_figure_with_rates(trajectory, title: str, time_label: str, rates: dict, *, window: float = 1e-4):

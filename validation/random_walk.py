@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 from scipy.special import logsumexp
 
 from attnflow.closed_forms import random_walk as cf
@@ -218,10 +219,10 @@ def failure_theorem(seed, K, r, steps):
                         for row in rows)
     def figure():
         fig, ax = plots.figure(width=6.6)
-        for (label, (t, accuracy)), marker in zip(accuracies.items(), "osD"):
+        for (label, (t, accuracy)), marker, size in zip(accuracies.items(), "osD", (7, 3, 4)):
             shown = t >= 1  # a log step axis starts at step 1
-            plots.simulation_points(ax, t[shown], accuracy[shown], marker=marker, markersize=3.5,
-                                    label=f"{label} (exact)")
+            plots.simulation_points(ax, t[shown], accuracy[shown], marker=marker, markersize=size,
+                                    markerfacecolor="none" if marker == "o" else None, label=f"{label} (exact)")
         t = accuracies[next(iter(accuracies))][0]
         t = t[t >= 1]
         plots.theory_line(ax, t, np.full(t.size, 1 / K), label=r"failure theorem: $1/K$")
@@ -250,7 +251,9 @@ def failure_theorem(seed, K, r, steps):
               "alone (see random_walk.ridge_escape); the reduced map keeps the symmetry exactly.")
 
 
-def _direction_rows(K, N, ps, checkpoints):
+def direction_rows(K, N, ps, checkpoints):
+    """Distances of V/‖V‖_F from claim 3's Πᵀ direction and from the √-law direction at ``checkpoints`` (exact
+    enumeration, one row per p), with their fitted exponents and tolerances (docs/random_walk.md §6)."""
     rows = []
     for p in ps:
         problem = RandomWalkProblem(K=K, N=N, p=p)
@@ -278,17 +281,23 @@ def _rate_tolerance(rows) -> str:
             + ", ".join(f"{r['tolerance']:.3f} at p={r['p']:g}" for r in rows) + ")")
 
 
-def _direction_figure(rows, key, title):
+def direction_figure(rows, key, title):
+    """A zero-argument callable drawing ``key`` ("claim3_errors" or "sqrt_law_errors") of :func:`direction_rows`
+    against T on log-log axes, with the predicted T^{-1/2} through each first point."""
     def figure():
-        fig, ax = plots.figure(width=6.6)
+        fig, ax = plots.figure(width=7.4)
         t = np.array(rows[0]["checkpoints"], float)
         for r, marker, color in zip(rows, "osD^v", ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")):
             plots.simulation_points(ax, t, r[key], marker=marker, color=color, label=f"$p = {r['p']:g}$ (exact)")
             plots.predicted_rate(ax, t, t[0], r[key][0], -0.5, None, color=color)
             if key == "claim3_errors" and r["plateau"] > 1e-12:
-                ax.axhline(r["plateau"], ls=":", color=color, label=f"√-law plateau {r['plateau']:.3f} ($p = {r['p']:g}$)")
-        ax.plot([], [], **plots.THEORY, label=r"predicted $\propto T^{-1/2}$ (through the first point)")
+                ax.axhline(r["plateau"], ls=":", color=color,
+                           label=rf"$\sqrt{{p}}$-law plateau {r['plateau']:.3f} ($p = {r['p']:g}$)")
+        ax.plot([], [], **plots.THEORY, label=r"predicted $\propto T^{-1/2}$ (same colour)")
         plots.finish(ax, title, "step $T$", r"$\|V/\|V\|_F - \mathrm{target}\|_F$", logx=True, logy=True)
+        ax.set_xticks(t, [f"{x:g}" for x in t])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        plots.show_all_log_ticks(ax, "y")
         plots.legend_outside(ax)
         return fig
     return figure
@@ -304,7 +313,7 @@ def _direction_figure(rows, key, title):
             "direction: the distance plateaus (0.1745 at p = 0.7) — docs/random_walk.md, 'Findings and choices'",
 )
 def value_direction(seed, K, N, ps, checkpoints):
-    rows = _direction_rows(K, N, ps, checkpoints)
+    rows = direction_rows(K, N, ps, checkpoints)
     for r in rows:
         r["passed"] = abs(r["claim3_exponent"] + 0.5) <= r["tolerance"]
     failing = [r for r in rows if not r["passed"]]
@@ -318,7 +327,7 @@ def value_direction(seed, K, N, ps, checkpoints):
         | {_p_id("sqrt_law_plateau", r["p"]): f"√-law plateau at p={r['p']:g}" for r in rows},
         tolerance=_rate_tolerance(rows) + " for every p", basis=RATE_BASIS,
         passed=not failing, details=rows,
-        figure=_direction_figure(rows, "claim3_errors", r"Claim 3: distance to the $\Pi^\top$ direction"),
+        figure=direction_figure(rows, "claim3_errors", r"Claim 3: distance to the $\Pi^\top$ direction"),
         notes=("FAILS for p ≠ ½, as docs/random_walk.md §6 predicts: once the attention is one-hot, v[1]/v[−1] → √(p/(1−p)) "
                "(measured " + ", ".join(f"{r['v_ratio']:.3f} vs √ {r['sqrt_ratio']:.3f} and p/(1−p) {r['claim3_ratio']:.3f} "
                                          f"at p={r['p']:g}" for r in failing) +
@@ -334,7 +343,7 @@ def value_direction(seed, K, N, ps, checkpoints):
     full=dict(K=6, N=13, ps=(0.5, 0.6, 0.7, 0.9), checkpoints=(100, 200, 400, 800, 1600)),
 )
 def sqrt_law_direction(seed, K, N, ps, checkpoints):
-    rows = _direction_rows(K, N, ps, checkpoints)
+    rows = direction_rows(K, N, ps, checkpoints)
     for r in rows:
         r["passed"] = abs(r["sqrt_law_exponent"] + 0.5) <= r["tolerance"]
     return Outcome(
@@ -343,7 +352,7 @@ def sqrt_law_direction(seed, K, N, ps, checkpoints):
         labels={_p_id("exponent", r["p"]): f"exponent at p={r['p']:g}" for r in rows},
         tolerance=_rate_tolerance(rows), basis=RATE_BASIS,
         passed=all(r["passed"] for r in rows), details=rows,
-        figure=_direction_figure(rows, "sqrt_law_errors", r"Distance to the $\sqrt{p}$-law direction"))
+        figure=direction_figure(rows, "sqrt_law_errors", r"Distance to the $\sqrt{p}$-law direction"))
 
 
 def _escape_step(V_records: np.ndarray, threshold: float = 0.1) -> int | None:
