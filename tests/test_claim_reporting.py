@@ -52,3 +52,17 @@ def test_false_fail_rates_follow_the_tolerance():
     assert scaling.false_fail_rate == pytest.approx(0.05)
     identity = run_claim(select(["random_walk.reduced_equals_full_gd"])[0], seed=0, steps=2, ps=(0.7,))
     assert identity.false_fail_rate is None
+
+
+def test_the_solve_figure_of_gd_beta_draws_each_predicted_rate_beside_its_metric():
+    from attnflow.dynamics import gd_beta as dyn
+    from attnflow.validation.gd_beta import SYSTEM, example_problem
+
+    flow = dyn.population_trajectory(example_problem(2.0), n_points=60)
+    figure = SYSTEM.population_figure(flow, "gradient flow", "t")
+    rates = flow.info["rates"]
+    drawn = {ax.get_title(): [line.get_label() for line in ax.get_lines() if line.get_linestyle() == "--"]
+             for ax in figure.axes}
+    assert drawn["beta_error"] == [rf"predicted $e^{{-{rates.beta:.3g}\,t}}$"]
+    assert drawn["gamma_error"] == [rf"predicted $e^{{-{rates.gamma_tail:.3g}\,t}}$"]
+    assert len(drawn["excess_risk"]) == 1 and not drawn["risk"]

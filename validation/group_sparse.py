@@ -240,6 +240,8 @@ def loss_rate(seed, D, steps, eta):
         plots.simulation_points(ax_c, t[1:], constant_ratio[1:], markersize=3, label=r"$L\,D\beta\sigma_x/c$")
         plots.theory_line(ax_c, t[1:], np.ones(t.size - 1), label=r"limit 1, $c = \sqrt{2/\pi}\,\pi^2/12$")
         plots.finish(ax_c, "Approach to the asymptotic constant", "step $T$", r"$L\,D\beta\sigma_x/c$", logx=True)
+        for ax in (ax_beta, ax_l, ax_c):
+            plots.legend_below(ax)
         return fig
 
     return Outcome(
@@ -314,6 +316,7 @@ def downstream_sample_complexity(seed, d, Ds, n, gamma, seeds, n_test):
                               label=r"$\propto (d + D)/n$" if name == "transformer" else r"$\propto dD/n$")
         plots.finish(ax, f"Downstream test error at $n = {n}$ ($d = {d}$)", "$D$", "test error", logx=True, logy=True)
         ax.set_xticks(Dx, [f"{D:g}" for D in Dx])
+        ax.tick_params(axis="x", which="minor", labelbottom=False)
         plots.legend_outside(ax)
         return fig
 
@@ -384,6 +387,7 @@ def time_to_loss_submodel(seed, Ds, epsilons):
                              linestyle=":", color="tab:red")
         plots.finish(ax_d, r"$D$-dependence at the smallest $\varepsilon$", "$D$", r"$\tau$", logx=True, logy=True)
         ax_d.set_xticks(Dx, [f"{D:g}" for D in Dx])
+        ax_d.tick_params(axis="x", which="minor", labelbottom=False)
         plots.show_all_log_ticks(ax_d, "y")
         return fig
 

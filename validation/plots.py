@@ -112,6 +112,13 @@ def legend_outside(ax, fontsize: float = 8):
         ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
+def legend_below(ax, fontsize: float = 8, ncols: int = 1):
+    """Put the legend of ``ax`` under its axes (for panels side by side, where a legend to the right would sit on
+    the next panel). Call after :func:`finish`."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=ncols, frameon=False)
+
+
 def predicted_rate(ax, x, x0: float, y0: float, exponent: float, label: str, *, kind: str = "power", **style):
     """The predicted rate as a theory line through (x0, y0): y = y0·(x/x0)^exponent (``kind="power"``, a straight
     line of that slope on log-log axes) or y = y0·exp(exponent·(x − x0)) (``"exponential"``, straight on a
@@ -127,14 +134,34 @@ def predicted_rate(ax, x, x0: float, y0: float, exponent: float, label: str, *, 
 
 
 def show_all_log_ticks(ax, axis: str = "y"):
-    """Plain numbers at 1, 2, 5 × 10^k on a log axis that spans too little (a decade or two) for matplotlib to
-    number it well by itself; the other minor ticks stay unlabelled."""
+    """Numbers on a log axis that spans too little (up to a decade or two) for matplotlib to number it well by
+    itself: ticks at 1, 2, 5 × 10^k, or finer (1, 2, 3, 5; then every integer) until at least three fall inside the
+    data's range. Call after the data are drawn; the other minor ticks stay unlabelled."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     target = ax.yaxis if axis == "y" else ax.xaxis
-    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    low, high = sorted(ax.get_ylim() if axis == "y" else ax.get_xlim())
+    for subs in ((1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), tuple(float(k) for k in range(1, 10))):
+        decades = np.arange(np.floor(np.log10(low)), np.ceil(np.log10(high)) + 1)
+        inside = [m * 10**e for e in decades for m in subs if low <= m * 10**e <= high]
+        if len(inside) >= 3:
+            break
+    target.set_major_locator(LogLocator(base=10, subs=subs))
+    target.set_major_formatter(FuncFormatter(_log_tick_label))
     target.set_minor_formatter(NullFormatter())
+
+
+def _log_tick_label(value: float, _position=None) -> str:
+    """A tick number: plain between 10⁻³ and 10⁴ (0.05, 200), else in mathtext (6×10⁵)."""
+    if value <= 0:
+        return ""
+    if 1e-3 <= value < 1e4:
+        return f"{value:g}"
+    exponent = int(np.floor(np.log10(value) + 1e-9))
+    mantissa = value / 10.0**exponent
+    if abs(mantissa - 1) < 1e-9:
+        return rf"$10^{{{exponent}}}$"
+    return rf"${mantissa:g}\times10^{{{exponent}}}$"
 
 
 def trajectory_figure_with_rates(trajectory, title: str, time_label: str, rates: dict, *, window: float = 1e-4):
