@@ -93,7 +93,9 @@ def position_only_matches_monte_carlo(seed, points, n_samples, chunks):
         false_fail_rate=len(rows) * 2 * float(scipy_stats.t.sf(Z_TOLERANCE, chunks - 1)),
         figure=figure,
         tolerance=f"|z| < {Z_TOLERANCE:g} for each of {len(rows)} comparisons",
-        basis=z_basis(what=f"standard errors (spread of {chunks} chunk means)"),
+        basis=f"{Z_TOLERANCE:g} standard errors (spread of {chunks} chunk means, so z is t-distributed with "
+              f"{chunks - 1} degrees of freedom: two-sided false-alarm probability "
+              f"{2 * scipy_stats.t.sf(Z_TOLERANCE, chunks - 1):.1g} per comparison)",
         passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows), details=rows,
         notes="The quadrature's own error (<= 3e-6 relative at these points) is far below the Monte-Carlo SE.")
 
@@ -148,7 +150,9 @@ def reduced_matches_full_gd(seed, steps, eta, batch_size, seeds):
         false_fail_rate=len(rows) * 2 * float(scipy_stats.t.sf(Z_TOLERANCE, seeds - 1)),
         figure=figure,
         tolerance=f"|z| < {Z_TOLERANCE:g} for β and α after {steps} steps; every invariant below {ROUND_OFF:g}",
-        basis=z_basis(what=f"standard errors over {seeds} minibatch seeds") + "; the invariants are exact "
+        basis=f"{Z_TOLERANCE:g} standard errors over {seeds} minibatch seeds (z is t-distributed with {seeds - 1} "
+              f"degrees of freedom: two-sided false-alarm probability {2 * scipy_stats.t.sf(Z_TOLERANCE, seeds - 1):.1g} "
+              "per comparison); the invariants are exact "
               "consequences of the sign-flip symmetry of symmetrised batches, so only round-off is allowed",
         passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows) and all(v < ROUND_OFF for v in invariants.values()),
         details=rows + [dict(quantity=k, full_gd=v, reduced=0.0) for k, v in invariants.items()])

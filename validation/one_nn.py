@@ -241,7 +241,9 @@ def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
         false_fail_rate=len(checked) * 2 * float(scipy_stats.t.sf(Z_TOLERANCE, seeds - 1)),
         figure=figure,
         tolerance=f"|z| < {Z_TOLERANCE:g} for ξ₁ and for W[d, d+1] (0 by symmetry) after {steps} steps",
-        basis=z_basis(what=f"standard errors over {seeds} minibatch seeds"),
+        basis=f"{Z_TOLERANCE:g} standard errors over {seeds} minibatch seeds (z is t-distributed with {seeds - 1} "
+              f"degrees of freedom: two-sided false-alarm probability {2 * scipy_stats.t.sf(Z_TOLERANCE, seeds - 1):.1g} "
+              "per comparison)",
         passed=all(abs(r["z"]) < Z_TOLERANCE for r in checked), details=rows,
         notes=f"ξ₂ is reported, not tested: its gradient is ~e^(-2σ) tiny here, so the O(noise²) effect of the "
               f"off-manifold entries on it is visible: full GD {xi2_row['full_gd']:.9g} vs reduced "
