@@ -111,12 +111,15 @@ def test_symmetrised_full_gd_keeps_the_invariants_and_reproduces():
 
 def test_quick_claims_pass_except_the_D_exponent_of_the_time_to_loss():
     from attnflow import run_claim, select
+    from tests.test_claim_reporting import assert_reports_by_contract
     results = {c.name: run_claim(c, seed=0) for c in select(["group_sparse"])}
     assert {n: r.status for n, r in results.items() if r.status != "PASS"} == {
         "group_sparse.time_to_loss_submodel": "FINDING"}
-    measured = list(results["group_sparse.time_to_loss_submodel"].measured.values())
-    assert measured[0] == pytest.approx(-3.0, abs=0.02)  # the ε law holds
-    assert measured[1] == pytest.approx(-2.0, abs=0.05)  # D^-2, the derived sub-model law, not the stated D^-3
+    for result in results.values():
+        assert_reports_by_contract(result)
+    measured = results["group_sparse.time_to_loss_submodel"].measured
+    assert measured["epsilon_exponent"] == pytest.approx(-3.0, abs=0.02)  # the ε law holds
+    assert measured["group_count_exponent"] == pytest.approx(-2.0, abs=0.05)  # D^-2 (derived), not the stated D^-3
 
 
 def test_position_only_flow_follows_the_gd_map():

@@ -156,8 +156,11 @@ def test_sampling_is_reproducible():
 
 def test_quick_claims_pass_except_claim3_which_fails_away_from_p_half():
     from attnflow import run_claim, select
+    from tests.test_claim_reporting import assert_reports_by_contract
     results = {c.name: run_claim(c, seed=0) for c in select(["random_walk"])}
     assert {n: r.status for n, r in results.items() if r.status != "PASS"} == {"random_walk.value_direction": "FINDING"}
+    for result in results.values():
+        assert_reports_by_contract(result)
     rows = {row["p"]: row for row in results["random_walk.value_direction"].details}
     assert rows[0.5]["passed"] and not rows[0.7]["passed"]
     # the plateau is the derived √-law distance, not a slow decay: the last error sits just above it

@@ -202,7 +202,7 @@ def test_a_claim_can_be_swept():
     result = sweep.run_sweep("gd_beta.bayes_factor_needs_bounded_snr", {"n_contexts": [500, 1000]}, seeds=2, n_jobs=1,
                              master_seed=0)
     assert [r["result"]["status"] for r in result.records] == ["PASS"] * 4
-    assert all("ratio at smallest σ²" in r["result"] for r in result.records)
+    assert all("ratio_at_smallest_sigma2" in r["result"] for r in result.records)
 
 
 # ---- rate fits ------------------------------------------------------------------------------------------------

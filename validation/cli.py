@@ -363,7 +363,8 @@ def _run_system_command(args, *, simulate: bool) -> int:
 
         time_label = system.minibatch_time if simulate else system.population_time
         title = f"{system.key}: {'minibatch run' if simulate else 'population dynamics'}"
-        _save(plots.trajectory_figure(trajectory, title, time_label), args.plot)
+        draw = system.population_figure if system.population_figure and not simulate else plots.trajectory_figure
+        _save(draw(trajectory, title, time_label), args.plot)
     return 0
 
 

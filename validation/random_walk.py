@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 from scipy.special import logsumexp
 
 from attnflow.closed_forms import random_walk as cf
@@ -17,11 +18,16 @@ from attnflow.dynamics import random_walk as dyn
 from . import plots
 from .claims import Outcome, claim
 from .systems import Parameter, System
-from .stats import Z_TOLERANCE, fit_power_law, z_basis
+from .stats import Z_TOLERANCE, fit_power_law, two_sided_p, z_basis
 
 PAPER = "Shi & Cao, NeurIPS 2025 (arXiv:2511.23239)"
 # Round-off: the reduced map and the full model agree to ~1e-15 (docs/random_walk.md §4); allow 1e-9 relative.
 ROUND_OFF = 1e-9
+
+
+def _p_id(prefix: str, p: float) -> str:
+    """A stable id for a quantity at success probability p: ``exponent_p0_7``."""
+    return f"{prefix}_p{p:g}".replace(".", "_").replace("-", "m")
 
 
 @claim(
@@ -53,8 +59,12 @@ def reduced_equals_full_gd(seed, K, N, M, eta, steps, ps):
     worst_V = max(r["max_V_difference"] / r["V_scale"] for r in rows)
     worst_S = max(r["max_attention_difference"] for r in rows)
     return Outcome(
-        measured={"max relative |V_full − circ(v)|": worst_V, "max |S_full − softmax(z)|": worst_S},
-        predicted={"difference": 0.0},
+        measured={"max_relative_value_difference": worst_V, "max_attention_difference": worst_S},
+        predicted={"max_relative_value_difference": 0.0, "max_attention_difference": 0.0},
+        labels={"max_relative_value_difference": "max relative |V_full − circ(v)|",
+                "max_attention_difference": "max |S_full − softmax(z)|"},
+        notes="No figure: an exact identity between two computations of the same expectation, whose only difference "
+              "is float64 round-off (the details list it per p).",
         tolerance=f"both below {ROUND_OFF:g} over {steps} steps ({min(steps, ridge_steps)} at p ∈ {{0, 1}}, "
                   "where the ridge's instability amplifies round-off)",
         basis="both computations are exact expectations (enumeration), so only floating-point round-off separates them",
@@ -90,17 +100,22 @@ def parent_attention(seed, K, Ns, m0, p):
     residual = float(np.abs(log_gap - (intercept + slope * N)).max() / np.ptp(log_gap))
 
     def figure():
-        fig, ax = plots.figure()
-        ax.plot(N, log_gap, "o", label=f"M = {m0:g}·N^1.5 (exact enumeration)")
-        plots.theory_line(ax, N, intercept + slope * N, label=f"linear fit, slope {slope:.3f}")
-        ax.plot(N, [r["log_one_minus_S_step2_fixed_M"] for r in rows], "s", label="M = 1000 fixed")
-        plots.finish(ax, f"Parent-token attention after step 2 (K={K}, p={p:g})", "N", "log(1 − S_{N−1})")
+        fig, (ax, ax_fixed) = plots.figure(ncols=2, width=4.4)
+        plots.simulation_points(ax, N, log_gap, label=rf"$M = {m0:g}\,N^{{3/2}}$ (exact enumeration)")
+        plots.theory_line(ax, N, intercept + slope * N, label=rf"$e^{{-cN}}$: linear fit, slope {slope:.3f}")
+        plots.finish(ax, rf"Theorem's scaling $M = \Omega(N^{{3/2}})$ ($K={K}$, $p={p:g}$)", "$N$",
+                     r"$\ln(1 - S_{N-1})$ after step 2")
+        plots.simulation_points(ax_fixed, N, [r["log_one_minus_S_step2_fixed_M"] for r in rows], marker="s",
+                                color="tab:gray", label="$M = 1000$ fixed (exact enumeration)")
+        plots.finish(ax_fixed, "Control: fixed $M$ (scaling absent)", "$N$", r"$\ln(1 - S_{N-1})$ after step 2")
         return fig
 
     return Outcome(
-        measured={"slope of log(1 − S_{N−1}) on N": float(slope), "max residual / range": residual,
-                  "min S_{N−1} at step 2": min(r["S_parent_step2"] for r in rows)},
-        predicted={"slope": "< 0 (exp(−cN))", "min S_{N−1}": "→ 1"},
+        measured={"log_gap_slope": float(slope), "max_relative_residual": residual,
+                  "min_parent_attention": min(r["S_parent_step2"] for r in rows)},
+        predicted={"log_gap_slope": "< 0 (exp(−cN))", "min_parent_attention": "→ 1"},
+        labels={"log_gap_slope": "slope of log(1 − S_{N−1}) on N", "max_relative_residual": "max residual / range",
+                "min_parent_attention": "min S_{N−1} at step 2"},
         tolerance="slope < 0, linear to 5% of the range (max residual), and S_{N−1} > 0.99 at step 2 for every N",
         basis="deterministic: exact expectations by enumerating all step paths",
         passed=bool(slope < 0 and residual < 0.05 and all(r["S_parent_step2"] > 0.99 for r in rows)), details=rows,
@@ -143,9 +158,27 @@ def optimal_accuracy(seed, K, N, ps, steps, mc):
         exact = r["standard_error"] == 0.0
         r["passed"] = (abs(r["accuracy"] - r["optimal"]) < ROUND_OFF and abs(r["min_late_accuracy"] - r["optimal"]) < ROUND_OFF
                        if exact else abs(r["accuracy"] - r["optimal"]) < Z_TOLERANCE * r["standard_error"])
+        r["id"] = _p_id("accuracy", r["p"]) + ("_exact" if exact else "_monte_carlo")
+    n_sampled = sum(r["standard_error"] > 0 for r in rows)
+
+    def figure():
+        fig, ax = plots.figure(width=6.6)
+        grid = np.linspace(0.0, 1.0, 101)
+        plots.theory_line(ax, grid, np.maximum(grid, 1 - grid), label=r"Bayes accuracy $\max(p, 1-p)$")
+        for config, marker in zip(dict.fromkeys(r["config"] for r in rows), "os"):
+            chosen = [r for r in rows if r["config"] == config]
+            plots.simulation_points(ax, [r["p"] for r in chosen], [r["accuracy"] for r in chosen],
+                                    [r["standard_error"] for r in chosen], marker=marker, label=config)
+        plots.finish(ax, "Accuracy after reduced GD from zero", "$p$", "accuracy")
+        plots.legend_outside(ax)
+        return fig
+
     return Outcome(
-        measured={f"accuracy at p={r['p']:g}, {r['config']}": r["accuracy"] for r in rows},
-        predicted={f"max(p, 1−p) at p={p:g}": max(p, 1 - p) for p in sorted({r["p"] for r in rows})},
+        measured={r["id"]: r["accuracy"] for r in rows},
+        predicted={r["id"]: max(r["p"], 1 - r["p"]) for r in rows},
+        labels={r["id"]: f"accuracy at p={r['p']:g}, {r['config']} / max(p, 1−p)" for r in rows},
+        false_fail_rate=n_sampled * two_sided_p(Z_TOLERANCE) if n_sampled else None,
+        figure=figure,
         tolerance=f"exact enumeration: equal to round-off ({ROUND_OFF:g}) at the end and at every record from step 3; "
                   f"Monte-Carlo paths: within {Z_TOLERANCE:g} binomial standard errors",
         basis="exact expectations; " + z_basis(what="binomial standard errors of the held-out accuracy"),
@@ -162,10 +195,11 @@ def optimal_accuracy(seed, K, N, ps, steps, mc):
     full=dict(K=6, r=2, steps=2000),
 )
 def failure_theorem(seed, K, r, steps):
-    rows = []
+    rows, accuracies = [], {}
     for p in (0.0, 1.0):
         problem = RandomWalkProblem(K=K, N=r * K + 1, p=p)
         run = dyn.reduced_trajectory(problem, cf.enumerate_paths(problem), steps)
+        accuracies[f"$p = {p:g}$, $N = {problem.N} = {r}K+1$"] = (run.times, run.metrics["accuracy"])
         v, z = run.states["v"], run.states["z"]
         closure = cf.deterministic_closure(problem, steps)
         rows.append(dict(config=f"p={p:g}, N={problem.N} = {r}K+1",
@@ -179,16 +213,37 @@ def failure_theorem(seed, K, r, steps):
     control = RandomWalkProblem(K=K, N=r * K + 2, p=1.0)
     control_run = dyn.reduced_trajectory(control, cf.enumerate_paths(control), min(steps, 50), n_records=5)
     control_accuracy = float(control_run.metrics["accuracy"][-1])
+    accuracies[f"control $p = 1$, $N = {control.N}$"] = (control_run.times, control_run.metrics["accuracy"])
     failure_holds = all(row["max_accuracy_deviation"] < ROUND_OFF and row["max_v_spread"] < ROUND_OFF
                         and row["max_attention_spread"] < ROUND_OFF and row["closure_difference"] < ROUND_OFF
                         for row in rows)
+    def figure():
+        fig, ax = plots.figure(width=6.6)
+        for (label, (t, accuracy)), marker, size in zip(accuracies.items(), "osD", (7, 3, 4)):
+            shown = t >= 1  # a log step axis starts at step 1
+            plots.simulation_points(ax, t[shown], accuracy[shown], marker=marker, markersize=size,
+                                    markerfacecolor="none" if marker == "o" else None, label=f"{label} (exact)")
+        t = accuracies[next(iter(accuracies))][0]
+        t = t[t >= 1]
+        plots.theory_line(ax, t, np.full(t.size, 1 / K), label=r"failure theorem: $1/K$")
+        plots.theory_line(ax, t, np.ones(t.size), color="tab:red", linestyle=":", label="control: 1")
+        plots.finish(ax, rf"Failure at $p \in \{{0, 1\}}$, $N = rK + 1$ ($K = {K}$)", "GD step", "accuracy",
+                     logx=True)
+        plots.legend_outside(ax)
+        return fig
+
     return Outcome(
-        measured={"max |accuracy − 1/K|": max(r["max_accuracy_deviation"] for r in rows),
-                  "max relative spread of v": max(r["max_v_spread"] for r in rows),
-                  "max spread of the token logits": max(r["max_attention_spread"] for r in rows),
-                  "closure vs reduced map": max(r["closure_difference"] for r in rows),
-                  f"control N = {control.N}: accuracy": control_accuracy},
-        predicted={"accuracy": 1 / K, "spreads": 0.0, "control accuracy": 1.0},
+        measured={"max_accuracy_deviation": max(r["max_accuracy_deviation"] for r in rows),
+                  "max_relative_v_spread": max(r["max_v_spread"] for r in rows),
+                  "max_logit_spread": max(r["max_attention_spread"] for r in rows),
+                  "closure_difference": max(r["closure_difference"] for r in rows),
+                  "control_accuracy": control_accuracy},
+        predicted={"ridge_accuracy": 1 / K, "spread": 0.0, "control_accuracy": 1.0},
+        labels={"max_accuracy_deviation": "max |accuracy − 1/K|", "max_relative_v_spread": "max relative spread of v",
+                "max_logit_spread": "max spread of the token logits", "closure_difference": "closure vs reduced map",
+                "control_accuracy": f"control N = {control.N}: accuracy", "ridge_accuracy": "accuracy",
+                "spread": "spreads"},
+        figure=figure,
         tolerance=f"every deviation below {ROUND_OFF:g} at every step ≤ {steps}; the control above 1 − {ROUND_OFF:g}",
         basis="deterministic: exact expectations (the only path has probability 1), so only round-off is allowed",
         passed=bool(failure_holds and control_accuracy > 1 - ROUND_OFF), details=rows,
@@ -196,7 +251,9 @@ def failure_theorem(seed, K, r, steps):
               "alone (see random_walk.ridge_escape); the reduced map keeps the symmetry exactly.")
 
 
-def _direction_rows(K, N, ps, checkpoints):
+def direction_rows(K, N, ps, checkpoints):
+    """Distances of V/‖V‖_F from claim 3's Πᵀ direction and from the √-law direction at ``checkpoints`` (exact
+    enumeration, one row per p), with their fitted exponents and tolerances (docs/random_walk.md §6)."""
     rows = []
     for p in ps:
         problem = RandomWalkProblem(K=K, N=N, p=p)
@@ -224,16 +281,24 @@ def _rate_tolerance(rows) -> str:
             + ", ".join(f"{r['tolerance']:.3f} at p={r['p']:g}" for r in rows) + ")")
 
 
-def _direction_figure(rows, key, title):
+def direction_figure(rows, key, title):
+    """A zero-argument callable drawing ``key`` ("claim3_errors" or "sqrt_law_errors") of :func:`direction_rows`
+    against T on log-log axes, with the predicted T^{-1/2} through each first point."""
     def figure():
-        fig, ax = plots.figure()
-        for r in rows:
-            ax.plot(r["checkpoints"], r[key], "o-", label=f"p = {r['p']:g}")
-            if key == "claim3_errors" and r["plateau"] > 1e-12:
-                ax.axhline(r["plateau"], ls=":", color="gray", label=f"√-law plateau {r['plateau']:.3f}")
+        fig, ax = plots.figure(width=7.4)
         t = np.array(rows[0]["checkpoints"], float)
-        plots.theory_line(ax, t, rows[0][key][0] * (t / t[0]) ** -0.5, label="∝ T^{-1/2}")
-        plots.finish(ax, title, "step T", "‖V/‖V‖ − target‖_F", logx=True, logy=True)
+        for r, marker, color in zip(rows, "osD^v", ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")):
+            plots.simulation_points(ax, t, r[key], marker=marker, color=color, label=f"$p = {r['p']:g}$ (exact)")
+            plots.predicted_rate(ax, t, t[0], r[key][0], -0.5, None, color=color)
+            if key == "claim3_errors" and r["plateau"] > 1e-12:
+                ax.axhline(r["plateau"], ls=":", color=color,
+                           label=rf"$\sqrt{{p}}$-law plateau {r['plateau']:.3f} ($p = {r['p']:g}$)")
+        ax.plot([], [], **plots.THEORY, label=r"predicted $\propto T^{-1/2}$ (same colour)")
+        plots.finish(ax, title, "step $T$", r"$\|V/\|V\|_F - \mathrm{target}\|_F$", logx=True, logy=True)
+        ax.set_xticks(t, [f"{x:g}" for x in t])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        plots.show_all_log_ticks(ax, "y")
+        plots.legend_outside(ax)
         return fig
     return figure
 
@@ -248,16 +313,21 @@ def _direction_figure(rows, key, title):
             "direction: the distance plateaus (0.1745 at p = 0.7) — docs/random_walk.md, 'Findings and choices'",
 )
 def value_direction(seed, K, N, ps, checkpoints):
-    rows = _direction_rows(K, N, ps, checkpoints)
+    rows = direction_rows(K, N, ps, checkpoints)
     for r in rows:
         r["passed"] = abs(r["claim3_exponent"] + 0.5) <= r["tolerance"]
     failing = [r for r in rows if not r["passed"]]
     return Outcome(
-        measured={f"exponent at p={r['p']:g}": r["claim3_exponent"] for r in rows}
-        | {f"final error at p={r['p']:g}": r["claim3_errors"][-1] for r in rows},
-        predicted={"exponent": -0.5} | {f"√-law plateau at p={r['p']:g}": r["plateau"] for r in rows},
+        measured={_p_id("exponent", r["p"]): r["claim3_exponent"] for r in rows}
+        | {_p_id("final_error", r["p"]): r["claim3_errors"][-1] for r in rows},
+        predicted={_p_id("exponent", r["p"]): -0.5 for r in rows}
+        | {_p_id("sqrt_law_plateau", r["p"]): r["plateau"] for r in rows},
+        labels={_p_id("exponent", r["p"]): f"exponent at p={r['p']:g}" for r in rows}
+        | {_p_id("final_error", r["p"]): f"final error at p={r['p']:g}" for r in rows}
+        | {_p_id("sqrt_law_plateau", r["p"]): f"√-law plateau at p={r['p']:g}" for r in rows},
         tolerance=_rate_tolerance(rows) + " for every p", basis=RATE_BASIS,
-        passed=not failing, details=rows, figure=_direction_figure(rows, "claim3_errors", "Claim 3: distance to Πᵀ direction"),
+        passed=not failing, details=rows,
+        figure=direction_figure(rows, "claim3_errors", r"Claim 3: distance to the $\Pi^\top$ direction"),
         notes=("FAILS for p ≠ ½, as docs/random_walk.md §6 predicts: once the attention is one-hot, v[1]/v[−1] → √(p/(1−p)) "
                "(measured " + ", ".join(f"{r['v_ratio']:.3f} vs √ {r['sqrt_ratio']:.3f} and p/(1−p) {r['claim3_ratio']:.3f} "
                                          f"at p={r['p']:g}" for r in failing) +
@@ -273,15 +343,16 @@ def value_direction(seed, K, N, ps, checkpoints):
     full=dict(K=6, N=13, ps=(0.5, 0.6, 0.7, 0.9), checkpoints=(100, 200, 400, 800, 1600)),
 )
 def sqrt_law_direction(seed, K, N, ps, checkpoints):
-    rows = _direction_rows(K, N, ps, checkpoints)
+    rows = direction_rows(K, N, ps, checkpoints)
     for r in rows:
         r["passed"] = abs(r["sqrt_law_exponent"] + 0.5) <= r["tolerance"]
     return Outcome(
-        measured={f"exponent at p={r['p']:g}": r["sqrt_law_exponent"] for r in rows},
-        predicted={"exponent": -0.5},
+        measured={_p_id("exponent", r["p"]): r["sqrt_law_exponent"] for r in rows},
+        predicted={_p_id("exponent", r["p"]): -0.5 for r in rows},
+        labels={_p_id("exponent", r["p"]): f"exponent at p={r['p']:g}" for r in rows},
         tolerance=_rate_tolerance(rows), basis=RATE_BASIS,
         passed=all(r["passed"] for r in rows), details=rows,
-        figure=_direction_figure(rows, "sqrt_law_errors", "Distance to the √-law direction"))
+        figure=direction_figure(rows, "sqrt_law_errors", r"Distance to the $\sqrt{p}$-law direction"))
 
 
 def _escape_step(V_records: np.ndarray, threshold: float = 0.1) -> int | None:
@@ -318,22 +389,25 @@ def ridge_escape(seed, K, r, M, scales, steps):
     monotone = escaped and all(a["escape_step"] >= b["escape_step"] for a, b in zip(random_rows, random_rows[1:]))
 
     def figure():
-        fig, ax = plots.figure()
-        ax.plot(scales, [r["escape_step"] for r in random_rows], "o", label="full GD, random init")
+        fig, ax = plots.figure(width=6.6)
+        plots.simulation_points(ax, scales, [r["escape_step"] for r in random_rows], label="full GD, random init")
         if fit is not None:
             plots.theory_line(ax, np.array(scales), np.polyval(fit, np.log10(scales)),
-                              label=f"{fit[1]:.1f} {fit[0]:+.2f}·log10 σ₀")
+                              label=rf"$a + b\,\log_{{10}}(1/\sigma_0)$, $b = {-fit[0]:.2f}$ (fit)")
         if rows[0]["escape_step"] is not None:
-            ax.axhline(rows[0]["escape_step"], ls=":", color="gray", label="zero init (round-off)")
-        plots.finish(ax, f"Escape from the p = 1 ridge (K={K}, N={problem.N}, M={M})", "init scale σ₀",
-                     "escape step", logx=True)
+            ax.axhline(rows[0]["escape_step"], ls=":", color="gray", label="zero init (round-off only)")
+        plots.finish(ax, f"Escape from the $p = 1$ ridge ($K={K}$, $N={problem.N}$, $M={M}$)",
+                     r"initial weight scale $\sigma_0$", "escape step", logx=True)
+        plots.legend_outside(ax)
         return fig
 
     return Outcome(
-        measured={"escape steps": [r["escape_step"] for r in rows],
-                  "steps per decade of σ₀": float(-fit[0]) if fit is not None else float("nan"),
-                  "zero init escape step (round-off)": rows[0]["escape_step"]},
-        predicted={"escape step": "a + b·log10(1/σ₀), b > 0"},
+        measured={"escape_steps": [r["escape_step"] for r in rows],
+                  "steps_per_decade": float(-fit[0]) if fit is not None else float("nan"),
+                  "zero_init_escape_step": rows[0]["escape_step"]},
+        predicted={"escape_steps": "a + b·log10(1/σ₀), b > 0"},
+        labels={"escape_steps": "escape steps", "steps_per_decade": "steps per decade of σ₀",
+                "zero_init_escape_step": "zero init escape step (round-off)"},
         tolerance=f"every random init escapes within {steps} steps, escape steps non-increasing in σ₀ and b > 0",
         basis="deterministic given the seeds (exact population gradient); a linear instability predicts log(1/σ₀)",
         passed=bool(escaped and monotone and fit is not None and fit[0] < 0), details=rows, figure=figure,

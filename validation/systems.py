@@ -60,6 +60,10 @@ class System:
         Where the system's derivations are documented (a path in the repository or a URL).
     population_time, minibatch_time : str
         What the trajectories' times are (axis labels): flow time, GD step, …
+    population_figure : callable, optional
+        ``population_figure(trajectory, title, time_label) -> Figure``: the figure of ``attnflow solve --plot``,
+        for a system that draws its predicted rates beside the computed trajectory (default: every metric against
+        time, ``plots.trajectory_figure``).
     """
 
     key: str
@@ -76,6 +80,7 @@ class System:
     docs: str = ""
     population_time: str = "step"
     minibatch_time: str = "step"
+    population_figure: Callable | None = None
 
     def __post_init__(self):
         if not self.key.isidentifier() or self.key != self.key.lower():
