@@ -98,3 +98,32 @@ def trajectory_figure(trajectory, title: str, time_label: str, *, max_panels: in
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
     return fig
+
+
+def legend_outside(ax, *, ncol: int = 1, fontsize: float = 7.5):
+    """Move the legend of ``ax`` below the axes, so it never covers data (the constrained layout makes room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    if handles:
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=fontsize,
+                  frameon=False)
+
+
+def stage_boundaries(ax, boundaries, names=None):
+    """Dotted vertical lines at the stage boundaries of a multi-stage run, with the stage names along the top."""
+    boundaries = list(boundaries)
+    for boundary in boundaries:
+        ax.axvline(boundary, color="gray", linestyle=":", linewidth=1)
+    if names:
+        left, right = ax.get_xlim()
+        edges = [left, *boundaries, right]
+        for name, a, b in zip(names, edges, edges[1:]):
+            ax.text((a + b) / 2, 1.01, name, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=7, color="dimgray")
+
+
+def power_law_guide(ax, x, anchor_x, anchor_y, exponent, label, **style):
+    """The predicted power law y ∝ x^exponent drawn as a theory line through (anchor_x, anchor_y)."""
+    x = np.asarray(x, float)
+    theory_line(ax, x, anchor_y * (x / anchor_x) ** exponent, label=label, **style)
