@@ -119,7 +119,7 @@ def stage_boundaries(ax, boundaries, names=None):
         left, right = ax.get_xlim()
         edges = [left, *boundaries, right]
         for name, a, b in zip(names, edges, edges[1:]):
-            ax.text((a + b) / 2, 1.01, name, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+            ax.text((a + b) / 2, 0.98, name, transform=ax.get_xaxis_transform(), ha="center", va="top",
                     fontsize=7, color="dimgray")
 
 
