@@ -703,6 +703,8 @@ def critical_batch(seed, Ts, vanilla_Ts, seeds, c1, tracking, residual, steps, l
         plots.theory_line(ax, T, critical[names[2]][0] * np.log(T) / np.log(T[0]), label=r"$\propto \log T$", ls=":")
         plots.finish(ax, "Critical batch (90% of seeds succeed)", "context length $T$", r"$B_{crit}$", logx=True,
                      logy=True)
+        ax.set_xticks(T, [f"{t:g}" for t in T])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         plots.legend_outside(ax)
         return fig
 
