@@ -205,11 +205,12 @@ def _stage_kernel(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, P, Q_star, K_P, K_Q, eta_V, e
                   train_Q, record_every, blowup):
     """``steps`` preconditioned minibatch steps in place; λ > 0 adds the soft threshold η_Qλ before the affine
     column projection (eq. 6). Records (α_V, α_Q, ‖V − P‖_μ, ‖Q − Q*‖_μ, max|1ᵀV − 1ᵀ|, max|Vμ − μ|,
-    max|1ᵀQ − 1ᵀ|, loss) every ``record_every`` steps and after the last. Returns (records, violations, failed step
+    max|1ᵀQ − 1ᵀ|, loss, ‖Q_norm − Q*‖_μ) every ``record_every`` steps and after the last, where Q_norm is Q
+    normalised as Stage 3 would at that step (:func:`_normalised_distance`). Returns (records, violations, failed step
     or −1): a step fails when an entry of V or Q is non-finite or beyond ``blowup`` in size."""
     N, T = V.shape[0], Q.shape[0]
     n_rec = steps // record_every + 2
-    rec = np.full((n_rec, 9), np.nan)
+    rec = np.full((n_rec, 10), np.nan)
     j = 0
     theta = eta_Q * lam
     violations = 0
@@ -217,6 +218,7 @@ def _stage_kernel(V, Q, mu, mu_cdf, Qs_cdf, P_cdf, P, Q_star, K_P, K_Q, eta_V, e
         if step % record_every == 0 or step == steps:
             rec[j, 0] = step
             rec[j, 1:8] = _metrics(V, Q, mu, P, Q_star, K_P, K_Q)
+            rec[j, 9] = _normalised_distance(Q, mu, Q_star, rec[j, 2])
             j += 1
         if step == steps:
             break
@@ -271,8 +273,37 @@ def _metrics(V, Q, mu, P, Q_star, K_P, K_Q):
     return out
 
 
+@njit(cache=True)
+def _normalised_distance(Q, mu, Q_star, alpha_Q):
+    """‖Q_norm − Q*‖_μ for Q_norm = q·1{q ≥ θ₃}/‖q·1{q ≥ θ₃}‖₁ column by column, θ₃ = ½·α_Q·min q* (the Stage-3
+    normalisation of docs/scb.md §6 with the default θ₃ at the current α_Q): the distance Algorithm 1 would reach by
+    stopping Stage 2 now. NaN when α_Q <= 0 or a column would be emptied. Reads Q only; changes nothing."""
+    N, T = Q.shape[1], Q.shape[0]
+    smallest = np.inf
+    for k in range(N):
+        for t in range(T):
+            if Q_star[t, k] > 0 and Q_star[t, k] < smallest:
+                smallest = Q_star[t, k]
+    threshold = 0.5 * alpha_Q * smallest
+    if not threshold > 0:
+        return np.nan
+    total = 0.0
+    for k in range(N):
+        norm = 0.0
+        for t in range(T):
+            if Q[t, k] >= threshold:
+                norm += Q[t, k]
+        if norm <= 0:
+            return np.nan
+        for t in range(T):
+            kept = Q[t, k] / norm if Q[t, k] >= threshold else 0.0
+            total += mu[k] * (kept - Q_star[t, k]) ** 2
+    return math.sqrt(total)
+
+
 BLOWUP = 1e6  # |entries| of V and Q stay O(1) on the stochastic constraint sets; beyond this the run has diverged
-RECORD_NAMES = ("step", "alpha_V", "alpha_Q", "dist_V", "dist_Q", "colsum_V", "stationarity_V", "colsum_Q", "loss")
+RECORD_NAMES = ("step", "alpha_V", "alpha_Q", "dist_V", "dist_Q", "colsum_V", "stationarity_V", "colsum_Q", "loss",
+                "dist_Q_normalised")
 
 
 @dataclass(frozen=True)

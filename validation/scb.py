@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from attnflow import seeding
 from attnflow.closed_forms import scb as cf
@@ -18,11 +19,13 @@ from attnflow.dynamics import scb as dyn
 from . import batch_search, plots
 from .claims import Outcome, claim
 from .systems import Parameter, System
-from .stats import Z_TOLERANCE, z_basis
+from .stats import Z_TOLERANCE, two_sided_p, z_basis
 
 PAPER = "Ren, Wang & Lee, NeurIPS 2024 (arXiv:2410.23438)"
 ETA = dyn.ETA  # normalised step of docs/scb.md §11
 ROUND_OFF = 1e-12
+BOOTSTRAP_LEVEL = 0.95  # the level of fit_exponent's intervals used below (its default)
+IDENTITY_NOTE = "No figure: an exact identity checked to round-off, whose numbers say all a picture would."
 
 
 def _example(seed, N: int = 5, T: int = 8, sparsity: int = 2) -> SCBProblem:
@@ -57,10 +60,27 @@ def closed_forms_match_monte_carlo(seed, samples, chunks):
             rows.append(dict(point=label, quantity=name, ratio=standardised_error(mean, se, value),
                              entries=int(np.size(mean))))
     worst = max(rows, key=lambda r: r["ratio"])
+
+    def figure():
+        fig, ax = plots.figure(width=6.4)
+        labels = [f"{r['quantity']}\n{r['point']}" for r in rows]
+        ax.plot(range(len(rows)), [r["ratio"] for r in rows], "o", label="Monte Carlo: " + r"$\|\hat G - G\|^2 / \sum SE^2$")
+        ax.axhline(1.0, **plots.THEORY, label="expected value 1 (unbiased closed form)")
+        ax.axhline(Z_TOLERANCE ** 2, color="tab:red", ls=":", label=f"tolerance {Z_TOLERANCE ** 2:g}")
+        ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=90)
+        plots.finish(ax, "Closed forms against Monte Carlo of the data model", "", "standardised squared error",
+                     logy=True)
+        plots.legend_below(ax, ncols=2)
+        ax.get_legend().set_bbox_to_anchor((0.5, -0.55))
+        return fig
+
     return Outcome(
-        measured={"max ‖Ĝ − G‖²/ΣSE²": worst["ratio"], "worst": f"{worst['quantity']} at {worst['point']}",
-                  "R* (closed form)": problem.bayes_risk},
-        predicted={"ratio": "≈ 1", "R* = ½(1 − ‖μ‖² − κK_P)": problem.bayes_risk},
+        measured={"max_standardised_error": worst["ratio"], "worst_quantity": f"{worst['quantity']} at {worst['point']}",
+                  "bayes_risk": problem.bayes_risk},
+        predicted={"max_standardised_error": "≈ 1", "bayes_risk": problem.bayes_risk},
+        labels={"max_standardised_error": "max ‖Ĝ − G‖²/ΣSE²", "worst_quantity": "worst",
+                "bayes_risk": "R* = ½(1 − ‖μ‖² − κK_P)"},
+        figure=figure, false_fail_rate=min(1.0, len(rows) * two_sided_p(Z_TOLERANCE)),
         tolerance=f"‖Ĝ − G‖²/ΣSE² < {Z_TOLERANCE**2:g} for each of {len(rows)} quantities (all entries at once)",
         basis=f"a {Z_TOLERANCE:g}-SE test on the whole matrix: the ratio is a weighted sum of χ²₁ with weights "
               f"summing to 1, whose tail beyond {Z_TOLERANCE**2:g} is at most χ²₁'s (6e-5) whatever the correlation "
@@ -111,10 +131,13 @@ def reduced_systems_are_exact(seed, steps):
         x = cf.closure_map_step(t, x, params)
         c = cf.reduced_coordinates(problem, V, Q)
         closure_gap = max(closure_gap, *np.abs(np.array([c["alpha_V"], c["alpha_Q"], c["e_V"], c["e_Q"]]) - x))
-    measured = {"max distance from the line (e_V, e_Q)": off_line, "max |full − 2-D map|": line_gap,
-                "max |full − 4-scalar closure|": closure_gap, "max |R − reduced R|": risk_gap}
+    measured = {"max_off_line": off_line, "max_line_map_gap": line_gap, "max_closure_gap": closure_gap,
+                "max_risk_gap": risk_gap}
     return Outcome(
         measured=measured, predicted={name: 0.0 for name in measured},
+        labels={"max_off_line": "max distance from the line (e_V, e_Q)", "max_line_map_gap": "max |full − 2-D map|",
+                "max_closure_gap": "max |full − 4-scalar closure|", "max_risk_gap": "max |R − reduced R|"},
+        false_fail_rate=None, notes=IDENTITY_NOTE,
         tolerance=f"every gap below {ROUND_OFF:g}",
         basis="exact identities (docs/scb.md §8); only floating-point round-off is allowed",
         passed=all(v < ROUND_OFF for v in measured.values()))
@@ -146,8 +169,20 @@ def map_approaches_flow(seed, tau, etas):
         path = dyn.line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps, x0=x0).states["alpha"]
         gaps.append(float(np.linalg.norm(path[-1] - reference)))
     orders = [math.log(g1 / g2) / math.log(e1 / e2) for g1, g2, e1, e2 in zip(gaps, gaps[1:], etas, etas[1:])]
+
+    def figure():
+        fig, ax = plots.figure()
+        ax.plot(etas, gaps, "o", label=f"2-D map against the flow at $\\tau$ = {tau:g}")
+        plots.predicted_rate(ax, etas, etas[-1], gaps[-1], 1.0, label=r"theory $O(\eta)$ (slope 1)")
+        plots.finish(ax, "Map against flow", r"normalised step $\eta$", r"$\|\alpha_{map}(\tau) - \alpha_{flow}(\tau)\|$",
+                     logx=True, logy=True)
+        plots.legend_below(ax)
+        return fig
+
     return Outcome(
-        measured={"observed orders": orders, "gaps": gaps}, predicted={"order": 1.0},
+        measured={"order": orders[-1], "orders": orders, "gaps": gaps}, predicted={"order": 1.0},
+        labels={"order": "observed order, smallest step pair", "orders": "observed orders", "gaps": "gaps"},
+        figure=figure, false_fail_rate=None,
         tolerance="|order − 1| < 0.1 for the smallest step pair (the O(η²) term shrinks with η)",
         basis="deterministic: flow by DOPRI5 at rtol 1e-12 (its error is far below the gaps)",
         passed=abs(orders[-1] - 1) < 0.1, details=[dict(eta=e, gap=g) for e, g in zip(etas, gaps)])
@@ -177,15 +212,17 @@ def stage1_duration(seed, Ts, c):
 
     def figure():
         fig, ax = plots.figure()
-        ax.plot(x, tau, "o", label="population flow")
-        plots.theory_line(ax, x, [r["predicted"] for r in rows], label="log(2c·T·K_Q)")
-        plots.finish(ax, f"Stage-1 duration (c = {c:g})", "log(T·K_Q)", "τ₁ = η·t₁")
+        ax.plot(x, tau, "o", label="population flow (DOPRI5)")
+        plots.theory_line(ax, x, [r["predicted"] for r in rows], label=r"theory $\log(2c\,T K_Q)$ (slope 1)")
+        plots.finish(ax, f"Stage-1 duration (c = {c:g})", r"$\log(T K_Q)$", r"$\tau_1 = \eta\, t_1$")
+        plots.legend_below(ax, ncols=2)
         return fig
 
     return Outcome(
-        measured={"local slope of τ₁ on log(TK_Q), largest T pair": float(local[-1]),
-                  "|τ₁ − log(2cTK_Q)| at the largest T": offset},
+        measured={"slope": float(local[-1]), "offset": offset},
         predicted={"slope": 1.0, "offset": 0.0},
+        labels={"slope": "local slope of τ₁ on log(TK_Q), largest T pair",
+                "offset": "|τ₁ − log(2cTK_Q)| at the largest T"}, false_fail_rate=None,
         tolerance=f"|slope − 1| and the offset below 2ε/c = {tolerance:.4f} at T = {rows[-1]['T']}",
         basis="deterministic flow (DOPRI5, rtol 1e-10); the prediction's corrections are O(ε/c)",
         passed=abs(local[-1] - 1) <= tolerance and offset <= tolerance, details=rows, figure=figure)
@@ -210,8 +247,22 @@ def slow_mode(seed, T, span):
     path = dyn.normalised_flow(eps, 1 + delta * slow, taus, rtol=1e-12, atol=1e-16).states["alpha"]
     distance = np.linalg.norm(path - 1.0, axis=1)
     rate = float(np.polyfit(taus[5:], np.log(distance[5:]), 1)[0])
+
+    def figure():
+        fig, ax = plots.figure()
+        ax.plot(taus, distance, "o", ms=4, label="normalised flow from $(1, 1) + \\delta\\, v_{slow}$")
+        plots.theory_line(ax, taus, distance[-1] * np.exp(predicted * (taus - taus[-1])),
+                          label=f"theory rate {predicted:.4g}")
+        plots.finish(ax, f"Slow mode at the optimum (T = {T})", r"normalised time $\tau$",
+                     r"$\|\alpha(\tau) - (1, 1)\|$", logy=True)
+        plots.legend_below(ax)
+        return fig
+
     return Outcome(
-        measured={"fitted rate": rate, "ε = 1/(TK_Q)": eps}, predicted={"slow rate": predicted, "≈ −ε/2": -eps / 2},
+        measured={"slow_rate": rate, "epsilon": eps}, predicted={"slow_rate": predicted, "half_epsilon": -eps / 2},
+        labels={"slow_rate": "rate of the slow mode (fitted; predicted (−(2 + ε) + √(4 + ε²))/2)",
+                "epsilon": "ε = 1/(TK_Q)", "half_epsilon": "≈ −ε/2"},
+        figure=figure, false_fail_rate=None,
         tolerance="relative error below 1e-3",
         basis=f"deterministic flow; the start is {delta:g} from (1, 1), so nonlinear corrections are O({delta:g})",
         passed=abs(rate / predicted - 1) < 1e-3)
@@ -257,14 +308,19 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
               "normalised error formula": abs(measured_error - formula) < ROUND_OFF,
               "V → V_LS": ls_gap < 1e-8}
     return Outcome(
-        measured={"(α_V, ξ) at the end": (float(alpha_V), float(xi)), "max |family − full map|": family_gap,
-                  "‖Q_norm − Q*‖²_μ": measured_error, "Stage-3 max |V − V_LS|": ls_gap},
-        predicted={"ξ < 1 < α_V": True, "Q·b_S'²(Qκ − 1)": formula, "V_LS": 0.0},
+        measured={"alpha_V_xi": (float(alpha_V), float(xi)), "max_family_gap": family_gap,
+                  "normalised_error": measured_error, "stage3_gap": ls_gap},
+        predicted={"alpha_V_xi": "ξ < 1 < α_V", "max_family_gap": 0.0, "normalised_error": formula, "stage3_gap": 0.0},
+        labels={"alpha_V_xi": "(α_V, ξ) at the end", "max_family_gap": "max |family − full map|",
+                "normalised_error": "‖Q_norm − Q*‖²_μ (predicted Q·b_S'²(Qκ − 1))",
+                "stage3_gap": "Stage-3 max |V − V_LS|"},
+        false_fail_rate=None,
         tolerance=f"family and formula to round-off ({ROUND_OFF:g}); V within 1e-8 of V_LS after {steps} steps "
                   "(linear convergence, factor 1 − η_V·a)",
         basis="exact identities of docs/scb.md §8.5–8.6; deterministic population iteration",
         passed=all(checks.values()), details=[dict(check=k, passed=v) for k, v in checks.items()],
-        notes="docs/scb.md §8.5's example (λ = 0.02, η = 0.3) quotes (α_V, ξ) = (1.234, 0.810) on its own random instance.")
+        notes="docs/scb.md §8.5's example (λ = 0.02, η = 0.3) quotes (α_V, ξ) = (1.234, 0.810) on its own random instance. "
+              "No figure: exact identities of the population iteration, checked to round-off.")
 
 
 @claim(
@@ -283,8 +339,10 @@ def transfer_one_step(seed, gamma, rho):
     c = cf.reduced_coordinates(problem, V0, Q1)
     predicted = eta0 * gamma * cf.transfer_overlap(problem, P_tilde)
     return Outcome(
-        measured={"α_Q(1)": c["alpha_Q"], "e_Q(1) = ‖ΔQ(1)‖²_μ": c["e_Q"], "e_V(0)": c["e_V"]},
-        predicted={"α_Q(1)": predicted, "e_Q(1)": 0.0},
+        measured={"alpha_Q_1": c["alpha_Q"], "e_Q_1": c["e_Q"], "e_V_0": c["e_V"]},
+        predicted={"alpha_Q_1": predicted, "e_Q_1": 0.0},
+        labels={"alpha_Q_1": "α_Q(1)", "e_Q_1": "e_Q(1) = ‖ΔQ(1)‖²_μ", "e_V_0": "e_V(0)"},
+        false_fail_rate=None, notes=IDENTITY_NOTE,
         tolerance=f"|α_Q(1) − prediction| and e_Q(1) below {ROUND_OFF:g}",
         basis="exact identity: at uniform Q the centred Q-gradient is −B_V(Q* − 11ᵀ/T) whatever ΔV is",
         passed=abs(c["alpha_Q"] - predicted) < ROUND_OFF and c["e_Q"] < ROUND_OFF)
@@ -308,21 +366,29 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
     def figure():
         fig, (ax_a, ax_d) = plots.figure(ncols=2)
         steps = run.times
-        ax_a.plot(steps, run.metrics["alpha_V"], label="α_V")
-        ax_a.plot(steps, run.metrics["alpha_Q"], label="α_Q")
-        ax_d.plot(steps, run.metrics["dist_V"] / math.sqrt(problem.K_P), label="‖V − P‖_μ/√K_P")
-        ax_d.plot(steps, run.metrics["dist_Q"] / math.sqrt(problem.K_Q), label="‖Q − Q*‖_μ/√K_Q")
-        for ax in (ax_a, ax_d):
-            for b in run.info["boundaries"]:
-                ax.axvline(b, color="gray", ls=":")
+        ax_a.plot(steps, run.metrics["alpha_V"], ".", ms=3, label=r"$\alpha_V$")
+        ax_a.plot(steps, run.metrics["alpha_Q"], ".", ms=3, label=r"$\alpha_Q$")
+        ax_a.axhline(1.0, **plots.THEORY, label="ground truth: 1")
+        ax_d.plot(steps, run.metrics["dist_V"] / math.sqrt(problem.K_P), ".", ms=3, label=r"$\|V - P\|_\mu/\sqrt{K_P}$")
+        ax_d.plot(steps, run.metrics["dist_Q"] / math.sqrt(problem.K_Q), ".", ms=3,
+                  label=r"$\|Q - Q^*\|_\mu/\sqrt{K_Q}$")
+        ax_d.axhline(0.05, color="tab:red", ls=":", label="tolerance 0.05")
         plots.finish(ax_a, "Algorithm 1 on minibatches: the line coordinates", "step", "value")
         plots.finish(ax_d, "Distance to the ground truth", "step", "relative error", logy=True)
+        for ax in (ax_a, ax_d):
+            plots.stage_boundaries(ax, run.info["boundaries"], ["Stage 1", "Stage 2", "Stage 3"])
+            plots.legend_below(ax, ncols=3)
         return fig
 
     return Outcome(
-        measured={"relative error of V": error_V, "relative error of Q": error_Q, "max invariant violation": invariants,
-                  "samples": run.info["samples"], "soft-threshold violations (q < −η_Qλ)": run.info["violations"]},
-        predicted={"relative errors": "< 0.05 (docs/scb.md §12 measured 0.011, 0.023)", "invariants": 0.0},
+        measured={"relative_error_V": error_V, "relative_error_Q": error_Q, "max_invariant_violation": invariants,
+                  "samples": run.info["samples"], "threshold_violations": run.info["violations"]},
+        predicted={"relative_error_V": "< 0.05 (docs/scb.md §12 measured 0.011)",
+                   "relative_error_Q": "< 0.05 (docs/scb.md §12 measured 0.023)", "max_invariant_violation": 0.0},
+        labels={"relative_error_V": "relative error of V", "relative_error_Q": "relative error of Q",
+                "max_invariant_violation": "max invariant violation", "samples": "samples",
+                "threshold_violations": "soft-threshold violations (q < −η_Qλ)"},
+        false_fail_rate=None,
         tolerance=f"both relative errors below 0.05; invariants below {ROUND_OFF:g}",
         basis="recovery to 5% relative error (docs/scb.md §10, C12); the invariants are exact for the preconditioned "
               "update (docs/scb.md §5)",
@@ -346,6 +412,7 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
     for s, child in enumerate(seed.spawn(seeds)):
         s1, s2, s3 = child.spawn(3)
         first = dyn.run_stage1(problem, dyn.StageSettings(*stage1, ETA), seed=s1)
+        runs[(s, "stage1")] = first
         start = (first.final["V"], first.final["Q"])
         alpha_Q = first.last("alpha_Q")
         prox = dyn.run_stages_2_3(problem, start, dyn.StageSettings(steps, batch, ETA, lam=lam), seed=s2, alpha_Q=alpha_Q,
@@ -362,19 +429,49 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
     best_sgd = [min(v[i] for r in rows for k, v in r.items() if k.startswith("sgd")) for i in (0, 1)]
 
     def figure():
-        fig, ax = plots.figure()
+        # The paper's Figure 1: distance to the ground truth against the step, through the stages. The proximal
+        # curve in Stage 2 is the distance of the iterate normalised as Stage 3 would (the ℓ₁-biased raw iterate
+        # is not what Algorithm 1 returns); SGD's is its raw iterate, which is what it returns.
+        fig, (ax, ax_end) = plots.figure(ncols=2)
+        scale = math.sqrt(problem.K_Q)
+        colours = {"proximal": "tab:green", **{f"sgd η={eta:g}": c for eta, c in zip(sgd_etas, ("tab:red", "tab:orange"))}}
+        names = {"proximal": f"Algorithm 1 (proximal, $\\lambda$ = {lam:g}), normalised",
+                 **{f"sgd η={eta:g}": f"SGD, $\\eta$ = {eta:g}" for eta in sgd_etas}}
         for (s, name), run in runs.items():
-            if s == 0:
-                ax.plot(run.times, run.metrics["dist_Q"] / math.sqrt(problem.K_Q), label=f"{name}: ‖Q − Q*‖_μ/√K_Q")
-        final = rows[0]["proximal"][1]
-        ax.plot([stage1[0] + steps], [final], "k*", markersize=12, label="proximal after normalisation")
-        plots.finish(ax, f"Figure-1-like: T = {T}, batch {batch}", "step", "relative distance", logy=True)
+            if name == "stage1":
+                ax.plot(run.times, run.metrics["dist_Q"] / scale, color="black", lw=1.2,
+                        label="shared Stage 1" if s == 0 else None)
+                continue
+            metric = "dist_Q_normalised" if name == "proximal" else "dist_Q"
+            ax.plot(run.times, run.metrics[metric] / scale, color=colours[name], lw=1.0, alpha=0.9,
+                    label=names[name] if s == 0 else None)
+        ax.plot([stage1[0] + steps] * seeds, [r["proximal"][1] for r in rows], "*", color="tab:green", ms=10,
+                label="Algorithm 1 output ($V = V_{LS}$)")
+        plots.finish(ax, f"Distance to the ground truth (T = {T}, B = {batch}, {seeds} seeds)", "step",
+                     r"$\|Q - Q^*\|_\mu / \sqrt{K_Q}$", logy=True)
+        plots.stage_boundaries(ax, [stage1[0]], ["Stage 1", "Stage 2 (proximal) / SGD"])
+        plots.legend_below(ax, ncols=2)
+        methods = list(names)
+        for j, method in enumerate(methods):
+            for i, (part, marker) in enumerate((("V", "o"), ("Q", "s"))):
+                values = [r[method if method == "proximal" else method][i] for r in rows]
+                ax_end.plot([j + (i - 0.5) * 0.25] * len(values), values, marker, color=colours[method], ms=5,
+                            label=(r"$\|V - P\|_\mu/\sqrt{K_P}$" if part == "V" else r"$\|Q - Q^*\|_\mu/\sqrt{K_Q}$")
+                            if j == 0 else None, mfc="none" if part == "Q" else colours[method])
+        ax_end.set_xticks(range(len(methods)), ["Algorithm 1", *(f"SGD, $\\eta$ = {eta:g}" for eta in sgd_etas)],
+                          fontsize=8)
+        plots.finish(ax_end, "Final relative errors, every seed", "", "final relative error", logy=True)
+        plots.legend_below(ax_end, ncols=2)
         return fig
 
     return Outcome(
-        measured={"worst proximal error, V": worst_prox[0], "worst proximal error, Q": worst_prox[1],
-                  "best SGD error, V": best_sgd[0], "best SGD error, Q": best_sgd[1]},
-        predicted={"proximal": "< every SGD run, for V and for Q"},
+        measured={"worst_proximal_error_V": worst_prox[0], "worst_proximal_error_Q": worst_prox[1],
+                  "best_sgd_error_V": best_sgd[0], "best_sgd_error_Q": best_sgd[1]},
+        predicted={"proximal_below_sgd": "< every SGD run, for V and for Q"},
+        labels={"worst_proximal_error_V": "worst proximal error, V", "worst_proximal_error_Q": "worst proximal error, Q",
+                "best_sgd_error_V": "best SGD error, V", "best_sgd_error_Q": "best SGD error, Q",
+                "proximal_below_sgd": "proximal"},
+        false_fail_rate=None,
         tolerance=f"for V and for Q separately, the largest proximal error over {seeds} seeds below the smallest SGD "
                   "error over seeds and step sizes",
         basis=f"{seeds} independent seeds per method; an ordering that holds in every seed, not a mean difference",
@@ -422,15 +519,21 @@ def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
             plots.simulation_points(ax, batches, values.mean(axis=1), values.std(axis=1, ddof=1) / math.sqrt(seeds),
                                     label=f"{name}: exponent {fit.estimate:.2f}")
         B = np.array(batches, float)
-        plots.theory_line(ax, B, stage1.mean(axis=1)[0] * (B / B[0]) ** -0.5, label="∝ B^{-1/2}")
-        plots.finish(ax, f"Minibatch vs population after {horizon} steps", "batch size B", "deviation",
-                     logx=True, logy=True)
+        plots.theory_line(ax, B, stage1.mean(axis=1)[0] * (B / B[0]) ** -0.5, label="theory $B^{-1/2}$")
+        plots.finish(ax, f"Minibatch vs population after {horizon} steps", "batch size $B$",
+                     "distance to the population run", logx=True, logy=True)
+        plots.legend_below(ax, ncols=2)
         return fig
 
+    ids = {"Stage 1": "stage1", "Stage 2 (λ > 0)": "stage2"}
     return Outcome(
-        measured={f"{name} exponent": fit.estimate for name, fit in fits.items()}
-        | {f"{name} 95% interval": f"[{fit.low:.2f}, {fit.high:.2f}]" for name, fit in fits.items()},
-        predicted={"Stage 1 exponent": -0.5, "Stage 2 exponent": "<= −0.5"},
+        measured={f"{ids[name]}_exponent": fit.estimate for name, fit in fits.items()}
+        | {f"{ids[name]}_interval": f"[{fit.low:.2f}, {fit.high:.2f}]" for name, fit in fits.items()},
+        predicted={"stage1_exponent": -0.5, "stage2_exponent": "<= −0.5"},
+        labels={f"{ids[name]}_exponent": f"{name} exponent in B" for name in fits}
+        | {f"{ids[name]}_interval": f"{name} 95% interval" for name in fits},
+        # Stage 1: a two-sided 95% interval; Stage 2: its lower end only (one-sided, at the boundary −1/2)
+        false_fail_rate=(1 - BOOTSTRAP_LEVEL) + (1 - BOOTSTRAP_LEVEL) / 2,
         tolerance="Stage 1: −1/2 inside the 95% interval; Stage 2: the interval's lower end <= −1/2 (not significantly "
                   "slower than B^{-1/2})",
         basis=f"expanded-percentile bootstrap over {seeds} seeds (docs/sweeps.md)",
@@ -477,15 +580,23 @@ def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds):
             plots.simulation_points(ax, Ts, values.mean(axis=1) + 1e-300,
                                     values.std(axis=1, ddof=1) / math.sqrt(seeds), label=label)
         T = np.array(Ts, float)
-        plots.theory_line(ax, T, plain.mean(axis=1)[0] * T / T[0], label="∝ T")
-        plots.finish(ax, f"Off-support attention mass after {steps} steps, B = {batch}", "T",
+        plots.theory_line(ax, T, plain.mean(axis=1)[0] * T / T[0], label="theory $\\propto T$ (slope 1)")
+        plots.finish(ax, f"Off-support attention spread after {steps} steps, B = {batch}", "context length $T$",
                      "off-support spread", logx=True, logy=True)
+        ax.set_xticks(T, [f"{t:g}" for t in Ts])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        plots.legend_below(ax, ncols=3)
         return fig
 
     return Outcome(
-        measured={"exponent in (T − Q − 1)(1 − 1/T) (λ = 0)": fit.estimate, "95% interval": f"[{fit.low:.2f}, {fit.high:.2f}]",
-                  "max proximal/vanilla ratio": ratio, "min z of the reduction": float(z.min())},
-        predicted={"exponent": 1.0, "proximal spread": "< vanilla spread"},
+        measured={"exponent": fit.estimate, "exponent_interval": f"[{fit.low:.2f}, {fit.high:.2f}]",
+                  "max_proximal_ratio": ratio, "min_reduction_z": float(z.min())},
+        predicted={"exponent": 1.0, "max_proximal_ratio": "< 1 (proximal spread < vanilla spread)"},
+        labels={"exponent": "exponent in (T − Q − 1)(1 − 1/T) (λ = 0)", "exponent_interval": "95% interval",
+                "max_proximal_ratio": "max proximal/vanilla ratio", "min_reduction_z": "min z of the reduction"},
+        # the exponent's two-sided 95% interval; the z > 4 reduction part has no null to calibrate (its FAIL rate
+        # depends on the size of the reduction), so it adds nothing nominal
+        false_fail_rate=1 - BOOTSTRAP_LEVEL,
         tolerance=f"1 inside the 95% interval; the proximal spread below the vanilla one by more than {Z_TOLERANCE:g} "
                   "paired SE at every T",
         basis=f"expanded-percentile bootstrap over {seeds} seeds; " + z_basis(what="paired standard errors over seeds"),
@@ -589,19 +700,30 @@ def critical_batch(seed, Ts, vanilla_Ts, seeds, c1, tracking, residual, steps, l
             ax.plot(grid, critical[name], "o-", label=f"{name}: exponent {fits[name].estimate:.2f}")
         T = np.array(sorted(set(Ts) | set(vanilla_Ts)), float)
         reference = critical[names[3]][0]
-        plots.theory_line(ax, T, reference * T / T[0], label="∝ T")
-        plots.theory_line(ax, T, critical[names[2]][0] * np.log(T) / np.log(T[0]), label="∝ log T", ls=":")
-        plots.finish(ax, "Critical batch (90% of seeds succeed)", "context length T", "B_crit", logx=True, logy=True)
+        plots.theory_line(ax, T, reference * T / T[0], label=r"$\propto T$")
+        plots.theory_line(ax, T, critical[names[2]][0] * np.log(T) / np.log(T[0]), label=r"$\propto \log T$", ls=":")
+        plots.finish(ax, "Critical batch (90% of seeds succeed)", "context length $T$", r"$B_{crit}$", logx=True,
+                     logy=True)
+        ax.set_xticks(T, [f"{t:g}" for t in T])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        plots.legend_below(ax)
         return fig
 
+    ids = dict(zip(names, ("stage1", "rounding", "proximal", "vanilla")))
     return Outcome(
-        measured={f"{name} exponent": fit.estimate for name, fit in fits.items()}
-        | {f"{name} interval (with grid slack)": f"[{fit.low - slack[name]:.2f}, {fit.high + slack[name]:.2f}]"
+        measured={f"{ids[name]}_exponent": fit.estimate for name, fit in fits.items()}
+        | {f"{ids[name]}_interval": f"[{fit.low - slack[name]:.2f}, {fit.high + slack[name]:.2f}]"
            for name, fit in fits.items()}
-        | {f"{name} B_crit": [int(b) for b in critical[name]] for name in names},
-        predicted={"Stage 1 exponent": f"> {log_slope:.2f} (faster than log T over T = {min(Ts)}…{max(Ts)})",
-                   "proximal exponent": f"<= {log_slope:.2f} (at most log T)", "vanilla exponent": 1.0,
-                   "rounding exponent": "not asserted (reported)"},
+        | {f"{ids[name]}_b_crit": [int(b) for b in critical[name]] for name in names},
+        predicted={"stage1_exponent": f"> {log_slope:.2f} (faster than log T over T = {min(Ts)}…{max(Ts)})",
+                   "proximal_exponent": f"<= {log_slope:.2f} (at most log T)", "vanilla_exponent": 1.0,
+                   "rounding_exponent": "not asserted (reported)"},
+        labels={f"{ids[name]}_exponent": f"{name} exponent" for name in names}
+        | {f"{ids[name]}_interval": f"{name} interval (with grid slack)" for name in names}
+        | {f"{ids[name]}_b_crit": f"{name} B_crit" for name in names},
+        # vanilla: a two-sided 95% interval; proximal: its lower end at the boundary (one-sided); Stage 1's
+        # "interval above log T" is a one-sided test whose FAIL rate depends on how far above the exponent is
+        false_fail_rate=(1 - BOOTSTRAP_LEVEL) + (1 - BOOTSTRAP_LEVEL) / 2,
         tolerance="Stage 1: the interval above the slope of log T; proximal: the interval reaching down to it; "
                   "vanilla: 1 inside the interval; every interval widened by the grid's log √2 / log(T_max/T_min)",
         basis=f"per-seed first success on a √2 batch grid; B_crit = the 90% order statistic over {seeds} seeds; "
@@ -656,15 +778,20 @@ def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
         fig, ax = plots.figure()
         ax.plot(Ts, critical, "o-", label=f"transfer step: exponent {fit.estimate:.2f}")
         T = np.array(Ts, float)
-        plots.theory_line(ax, T, critical[0] * np.log(T) / np.log(T[0]), label="∝ log T", ls=":")
-        plots.theory_line(ax, T, critical[0] * T / T[0], label="∝ T")
-        plots.finish(ax, "Transfer: critical batch of the one Q-step", "context length T", "B_crit",
+        plots.theory_line(ax, T, critical[0] * np.log(T) / np.log(T[0]), label=r"$\propto \log T$ (claimed)", ls=":")
+        plots.theory_line(ax, T, critical[0] * T / T[0], label=r"$\propto T$ (for comparison)")
+        plots.finish(ax, "Transfer: critical batch of the one Q-step", "context length $T$", r"$B_{crit}$",
                      logx=True, logy=True)
+        plots.legend_below(ax, ncols=3)
         return fig
 
     return Outcome(
-        measured={"exponent": fit.estimate, "interval (with grid slack)": f"[{fit.low - slack:.2f}, {fit.high + slack:.2f}]",
-                  "B_crit": [int(b) for b in critical], "walk censored at max_batch": censored},
+        measured={"exponent": fit.estimate, "exponent_interval": f"[{fit.low - slack:.2f}, {fit.high + slack:.2f}]",
+                  "b_crit": [int(b) for b in critical], "censored": censored},
+        labels={"exponent": "exponent of the median first-success batch in T",
+                "exponent_interval": "interval (with grid slack)", "b_crit": "B_crit",
+                "censored": "walk censored at max_batch"},
+        false_fail_rate=(1 - BOOTSTRAP_LEVEL) / 2,  # the interval's lower end, one-sided at the boundary
         predicted={"exponent": f"<= {log_slope:.2f} (the slope of log T over T = {min(Ts)}…{max(Ts)})"},
         tolerance="the interval, widened by the grid's log √2 / log(T_max/T_min), reaches down to the slope of log T",
         basis=f"per-seed first success on a √2 batch grid; B_crit = the 90% order statistic over {seeds} seeds; "
