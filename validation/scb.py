@@ -308,10 +308,10 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
               "normalised error formula": abs(measured_error - formula) < ROUND_OFF,
               "V → V_LS": ls_gap < 1e-8}
     return Outcome(
-        measured={"alpha_V_xi": (float(alpha_V), float(xi)), "max_family_gap": family_gap,
+        measured={"alpha_v_xi": (float(alpha_V), float(xi)), "max_family_gap": family_gap,
                   "normalised_error": measured_error, "stage3_gap": ls_gap},
-        predicted={"alpha_V_xi": "ξ < 1 < α_V", "max_family_gap": 0.0, "normalised_error": formula, "stage3_gap": 0.0},
-        labels={"alpha_V_xi": "(α_V, ξ) at the end", "max_family_gap": "max |family − full map|",
+        predicted={"alpha_v_xi": "ξ < 1 < α_V", "max_family_gap": 0.0, "normalised_error": formula, "stage3_gap": 0.0},
+        labels={"alpha_v_xi": "(α_V, ξ) at the end", "max_family_gap": "max |family − full map|",
                 "normalised_error": "‖Q_norm − Q*‖²_μ (predicted Q·b_S'²(Qκ − 1))",
                 "stage3_gap": "Stage-3 max |V − V_LS|"},
         false_fail_rate=None,
@@ -339,9 +339,9 @@ def transfer_one_step(seed, gamma, rho):
     c = cf.reduced_coordinates(problem, V0, Q1)
     predicted = eta0 * gamma * cf.transfer_overlap(problem, P_tilde)
     return Outcome(
-        measured={"alpha_Q_1": c["alpha_Q"], "e_Q_1": c["e_Q"], "e_V_0": c["e_V"]},
-        predicted={"alpha_Q_1": predicted, "e_Q_1": 0.0},
-        labels={"alpha_Q_1": "α_Q(1)", "e_Q_1": "e_Q(1) = ‖ΔQ(1)‖²_μ", "e_V_0": "e_V(0)"},
+        measured={"alpha_q_1": c["alpha_Q"], "e_q_1": c["e_Q"], "e_v_0": c["e_V"]},
+        predicted={"alpha_q_1": predicted, "e_q_1": 0.0},
+        labels={"alpha_q_1": "α_Q(1)", "e_q_1": "e_Q(1) = ‖ΔQ(1)‖²_μ", "e_v_0": "e_V(0)"},
         false_fail_rate=None, notes=IDENTITY_NOTE,
         tolerance=f"|α_Q(1) − prediction| and e_Q(1) below {ROUND_OFF:g}",
         basis="exact identity: at uniform Q the centred Q-gradient is −B_V(Q* − 11ᵀ/T) whatever ΔV is",
@@ -381,11 +381,11 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
         return fig
 
     return Outcome(
-        measured={"relative_error_V": error_V, "relative_error_Q": error_Q, "max_invariant_violation": invariants,
+        measured={"relative_error_v": error_V, "relative_error_q": error_Q, "max_invariant_violation": invariants,
                   "samples": run.info["samples"], "threshold_violations": run.info["violations"]},
-        predicted={"relative_error_V": "< 0.05 (docs/scb.md §12 measured 0.011)",
-                   "relative_error_Q": "< 0.05 (docs/scb.md §12 measured 0.023)", "max_invariant_violation": 0.0},
-        labels={"relative_error_V": "relative error of V", "relative_error_Q": "relative error of Q",
+        predicted={"relative_error_v": "< 0.05 (docs/scb.md §12 measured 0.011)",
+                   "relative_error_q": "< 0.05 (docs/scb.md §12 measured 0.023)", "max_invariant_violation": 0.0},
+        labels={"relative_error_v": "relative error of V", "relative_error_q": "relative error of Q",
                 "max_invariant_violation": "max invariant violation", "samples": "samples",
                 "threshold_violations": "soft-threshold violations (q < −η_Qλ)"},
         false_fail_rate=None,
@@ -465,11 +465,11 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
         return fig
 
     return Outcome(
-        measured={"worst_proximal_error_V": worst_prox[0], "worst_proximal_error_Q": worst_prox[1],
-                  "best_sgd_error_V": best_sgd[0], "best_sgd_error_Q": best_sgd[1]},
+        measured={"worst_proximal_error_v": worst_prox[0], "worst_proximal_error_q": worst_prox[1],
+                  "best_sgd_error_v": best_sgd[0], "best_sgd_error_q": best_sgd[1]},
         predicted={"proximal_below_sgd": "< every SGD run, for V and for Q"},
-        labels={"worst_proximal_error_V": "worst proximal error, V", "worst_proximal_error_Q": "worst proximal error, Q",
-                "best_sgd_error_V": "best SGD error, V", "best_sgd_error_Q": "best SGD error, Q",
+        labels={"worst_proximal_error_v": "worst proximal error, V", "worst_proximal_error_q": "worst proximal error, Q",
+                "best_sgd_error_v": "best SGD error, V", "best_sgd_error_q": "best SGD error, Q",
                 "proximal_below_sgd": "proximal"},
         false_fail_rate=None,
         tolerance=f"for V and for Q separately, the largest proximal error over {seeds} seeds below the smallest SGD "
