@@ -100,7 +100,97 @@ def trajectory_figure(trajectory, title: str, time_label: str, *, max_panels: in
     return fig
 
 
-# ===========================================================================================
+# ==================================================================================================
+# Helpers for claim figures: legends off the data, predicted rates, two scales on one figure
+# ==================================================================================================
+
+
+def legend_outside(ax, fontsize: float = 8):
+    """Put the legend of ``ax`` to the right of its axes, where it cannot cover data (the constrained layout
+    shrinks the axes to make room). Call after :func:`finish`, which puts one inside."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def legend_below(ax, fontsize: float = 8, ncols: int = 1):
+    """Put the legend of ``ax`` under its axes (for panels side by side, where a legend to the right would sit on
+    the next panel). Call after :func:`finish`."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=ncols, frameon=False)
+
+
+def predicted_rate(ax, x, x0: float, y0: float, exponent: float, label: str, *, kind: str = "power", **style):
+    """The predicted rate as a theory line through (x0, y0): y = y0·(x/x0)^exponent (``kind="power"``, a straight
+    line of that slope on log-log axes) or y = y0·exp(exponent·(x − x0)) (``"exponential"``, straight on a
+    log-y axis against linear x)."""
+    x = np.asarray(x, float)
+    if kind == "power":
+        y = y0 * (x / x0) ** exponent
+    elif kind == "exponential":
+        y = y0 * np.exp(exponent * (x - x0))
+    else:
+        raise ValueError(f"kind must be 'power' or 'exponential', got {kind!r}")
+    theory_line(ax, x, y, label=label, **style)
+
+
+def show_all_log_ticks(ax, axis: str = "y"):
+    """Numbers on a log axis that spans too little (up to a decade or two) for matplotlib to number it well by
+    itself: ticks at 1, 2, 5 × 10^k, or finer (1, 2, 3, 5; then every integer) until at least three fall inside the
+    data's range. Call after the data are drawn; the other minor ticks stay unlabelled."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    low, high = sorted(ax.get_ylim() if axis == "y" else ax.get_xlim())
+    for subs in ((1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), tuple(float(k) for k in range(1, 10))):
+        decades = np.arange(np.floor(np.log10(low)), np.ceil(np.log10(high)) + 1)
+        inside = [m * 10**e for e in decades for m in subs if low <= m * 10**e <= high]
+        if len(inside) >= 3:
+            break
+    target.set_major_locator(LogLocator(base=10, subs=subs))
+    target.set_major_formatter(FuncFormatter(_log_tick_label))
+    target.set_minor_formatter(NullFormatter())
+
+
+def _log_tick_label(value: float, _position=None) -> str:
+    """A tick number: plain between 10⁻³ and 10⁴ (0.05, 200), else in mathtext (6×10⁵)."""
+    if value <= 0:
+        return ""
+    if 1e-3 <= value < 1e4:
+        return f"{value:g}"
+    exponent = int(np.floor(np.log10(value) + 1e-9))
+    mantissa = value / 10.0**exponent
+    if abs(mantissa - 1) < 1e-9:
+        return rf"$10^{{{exponent}}}$"
+    return rf"${mantissa:g}\times10^{{{exponent}}}$"
+
+
+def trajectory_figure_with_rates(trajectory, title: str, time_label: str, rates: dict, *, window: float = 1e-4):
+    """:func:`trajectory_figure` with each predicted exponential rate drawn beside its metric.
+
+    rates : metric name -> (rate λ, label): a theory line ∝ exp(−λt) on that metric's panel, anchored at the first
+        record where the metric has fallen to ``window`` times its initial value (past the transient, where the
+        local rate governs), or at the last record if it never does. The computed trajectory becomes markers."""
+    fig = trajectory_figure(trajectory, title, time_label)
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    times = np.asarray(trajectory.times, float)
+    for name, (rate, label) in rates.items():
+        ax = panels.get(name)
+        if ax is None:
+            continue
+        values = np.asarray(trajectory.metrics[name], float)
+        for line in ax.get_lines():  # the computed trajectory: markers, so the theory line stands apart
+            line.set_marker(".")
+            line.set_linestyle("none")
+            line.set_label("computed")
+        below = np.flatnonzero((values > 0) & (values <= window * values[0]))
+        anchor = below[0] if below.size else values.size - 1
+        shown = times >= times[anchor] - 0.15 * (times[-1] - times[anchor])
+        data_range = ax.get_ylim()
+        predicted_rate(ax, times[shown], times[anchor], values[anchor], -rate, label, kind="exponential")
+        ax.set_ylim(*data_range)  # keep the data's range: the line may run past it
+        ax.legend(fontsize=7, loc="upper right")
+    return fig
+
 
 def stage_boundaries(ax, boundaries, names=None):
     """Dotted vertical lines at the stage boundaries of a multi-stage run, with the stage names along the top."""
