@@ -47,6 +47,9 @@ __all__ = [
     "CorrelatedMoments",
     "correlated_moments",
     "correlated_optimum",
+    "isotropic_correlated_moments",
+    "isotropic_correlated_optimum",
+    "isotropic_effective_sample_size",
     "alignment_multiplier",
     "effective_sample_size",
     "rag_risk_floor",
@@ -458,15 +461,29 @@ def _chi2_moments(d: int) -> tuple[float, float]:
 
 
 def correlated_moments(problem: H3Problem) -> CorrelatedMoments:
-    """The moments of §7.1 for the rag and tfa designs (H = Ψ = I, γ² = 1 − α², κ̄ = 1 + α²(d+1))."""
+    """The moments of §7.1 for the rag and tfa designs of ``problem`` (H = Ψ = I)."""
     if problem.design == "iid":
         raise ValueError("design must be rag or tfa for the correlated moments (§7)")
-    d, n, a2, s2 = problem.d, problem.n, problem.alpha**2, problem.sigma2
+    return isotropic_correlated_moments(problem.design, problem.d, problem.n, problem.alpha, problem.sigma2)
+
+
+def isotropic_correlated_moments(design: str, d: int, n: int, alpha: float, sigma2: float) -> CorrelatedMoments:
+    """The moments of §7.1 from the sizes alone (no d×d matrix is formed, so d = 10⁴ costs nothing):
+    γ² = 1 − α², κ̄ = 1 + α²(d+1), μ_k = E r^k for r ~ χ²_d, A = ndκ̄ and
+
+    D₂ = α⁴μ₃ + 2α²γ²μ₂ + γ⁴d,
+    D₁(rag) = α⁴μ₃ + α²μ₂(σ² + γ²(d+5)) + γ²d(σ² + γ²(d+2)),
+    D₁(tfa) = 3α⁴μ₃ + α²γ²(d+5)μ₂ + γ⁴μ₂ + σ²d."""
+    if design not in ("rag", "tfa"):
+        raise ValueError(f"design must be rag or tfa, got {design!r}")
+    d, n = check.integer(d, "d", minimum=1), check.integer(n, "n", minimum=1)
+    a2 = check.real(alpha, "alpha", minimum=0.0, maximum=1.0) ** 2
+    s2 = check.real(sigma2, "sigma2", minimum=0.0)
     g2 = 1 - a2
     mu2, mu3 = _chi2_moments(d)
     kappa_bar = 1 + a2 * (d + 1)
     D2 = a2 * a2 * mu3 + 2 * a2 * g2 * mu2 + g2 * g2 * d
-    if problem.design == "rag":
+    if design == "rag":
         D1 = a2 * a2 * mu3 + a2 * mu2 * (s2 + g2 * (d + 5)) + g2 * d * (s2 + g2 * (d + 2))
     else:
         D1 = 3 * a2 * a2 * mu3 + a2 * g2 * (d + 5) * mu2 + g2 * g2 * mu2 + s2 * d
@@ -480,6 +497,12 @@ def correlated_optimum(problem: H3Problem) -> tuple[float, float]:
     return m.query_second_moment - m.A**2 / m.B, m.A / m.B
 
 
+def isotropic_correlated_optimum(design: str, d: int, n: int, alpha: float, sigma2: float) -> tuple[float, float]:
+    """:func:`correlated_optimum` from the sizes alone (§7.1)."""
+    m = isotropic_correlated_moments(design, d, n, alpha, sigma2)
+    return m.query_second_moment - m.A**2 / m.B, m.A / m.B
+
+
 def alignment_multiplier(d: int, alpha: float) -> float:
     """κ = α²d + 1, the paper's sample-size multiplier of aligned designs (§7.2)."""
     return float(alpha) ** 2 * int(d) + 1
@@ -487,8 +510,12 @@ def alignment_multiplier(d: int, alpha: float) -> float:
 
 def effective_sample_size(problem: H3Problem, risk: float) -> float:
     """n_eff: the IID context length whose isotropic optimum σ² + d(d+1+σ²)/(n+d+1+σ²) equals ``risk`` (§7.2)."""
-    d, s2 = problem.d, problem.sigma2
-    return d * (d + 1 + s2) / (risk - s2) - (d + 1 + s2)
+    return isotropic_effective_sample_size(problem.d, problem.sigma2, risk)
+
+
+def isotropic_effective_sample_size(d: int, sigma2: float, risk: float) -> float:
+    """n_eff = d(d+1+σ²)/(risk − σ²) − (d+1+σ²) (§7.2)."""
+    return d * (d + 1 + sigma2) / (risk - sigma2) - (d + 1 + sigma2)
 
 
 def rag_risk_floor(problem: H3Problem) -> float:

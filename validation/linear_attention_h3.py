@@ -157,7 +157,7 @@ def _risk_curve_figure(ns, theory_by_label, points_by_label, title, xlabel="cont
     reference=f"{PAPER}: Theorem 1 / Proposition 1 risk curves ({DOCS} §4.2, §10)",
     statement="The Monte-Carlo risk of the PGD predictor with W* equals L* at every context length n, for noiseless, "
               "noisy and non-isotropic data.",
-    quick=dict(d=5, ns=(2, 5, 10, 20), n_prompts=40_000),
+    quick=dict(d=5, ns=(2, 5, 10, 20), n_prompts=20_000),
     full=dict(d=20, ns=(5, 10, 20, 40, 80), n_prompts=400_000),
 )
 def optimal_risk_monte_carlo(seed, d, ns, n_prompts):
@@ -330,7 +330,7 @@ def _within_training_tolerance(gap, optimum):
     reference=f"{PAPER}: Theorem 1, the optimal linear attention is the optimal PGD ({DOCS} §3.2, §8)",
     statement="Linear attention trained with Adam on fresh prompts (value initialised to read the label) reaches the "
               "PGD optimum L* and its effective preconditioner W_eff reaches W* (setting A).",
-    quick=dict(steps=1500, batch_size=256, n_prompts=100_000),
+    quick=dict(steps=800, batch_size=256, n_prompts=50_000),
     full=dict(steps=4000, batch_size=512, n_prompts=1_000_000),
 )
 def trained_attention_reaches_optimum(seed, steps, batch_size, n_prompts):
@@ -367,7 +367,7 @@ def _branch_point(problem):
     statement="The factorised linear attention has a stationary branch v_y = 0, W_xx = 0 on which it is a rank-one "
               "PGD with risk L*_1 > L*: the population gradient vanishes there, and runs from a small random "
               "initialisation end at L* or at L*_1.",
-    quick=dict(n_prompts=200_000, seeds=3, steps=1500),
+    quick=dict(n_prompts=100_000, seeds=2, steps=800),
     full=dict(n_prompts=2_000_000, seeds=8, steps=4000),
 )
 def attention_spurious_branch(seed, n_prompts, seeds, steps):
@@ -433,7 +433,7 @@ def _random_psd(rng, size, scale=1.0):
     reference=f"{PAPER}: WPGD risk with heteroscedastic noise and task drift ({DOCS} §6.1)",
     statement="R(W, ω) = tr(HΨ) + σ_q² − 2(1ᵀω)tr(HWHΨ) + tr(WᵀHWM_ω) equals the Monte-Carlo risk of "
               "xᵀWXᵀ(ω⊙y) at random W, ω with general H, Ψ, Δ, a random drift covariance C and per-position noise.",
-    quick=dict(n_prompts=100_000),
+    quick=dict(n_prompts=50_000),
     full=dict(n_prompts=1_000_000),
 )
 def wpgd_risk_formula(seed, n_prompts):
@@ -539,7 +539,7 @@ def heteroscedastic_optima(seed, n_prompts):
     reference=f"{PAPER}: H3 under a non-stationary task ({DOCS} §6.2, §6.4)",
     statement="Under random-walk task drift the optimal WPGD weights v* = 𝕄⁻¹1 increase towards the query and "
               "L*_H3 = d + σ_q² − d1ᵀ𝕄⁻¹1 < L*_ATT; both optimal predictors' Monte-Carlo risks match.",
-    quick=dict(n_prompts=100_000),
+    quick=dict(n_prompts=50_000),
     full=dict(n_prompts=1_000_000),
 )
 def drift_optima(seed, n_prompts):
@@ -571,7 +571,7 @@ def drift_optima(seed, n_prompts):
     reference=f"{PAPER}: H3 implements sample weighting and outperforms linear attention ({DOCS} §6.3, §8)",
     statement="Under heteroscedastic noise, H3 trained with Adam reaches L*_H3 with a learned filter ∝ 1/(d+1+σᵢ²), "
               "and trained linear attention reaches the larger L*_ATT.",
-    quick=dict(steps=1500, batch_size=256, n_prompts=100_000),
+    quick=dict(steps=800, batch_size=256, n_prompts=50_000),
     full=dict(steps=4000, batch_size=512, n_prompts=1_000_000),
 )
 def trained_h3_beats_attention(seed, steps, batch_size, n_prompts):
@@ -691,8 +691,8 @@ def tfa_moments(seed, n_prompts):
 
 
 def _multiplier(design, d, n, alpha, sigma2=0.0):
-    problem = _correlated_problem(design, d=d, n=n, alpha=alpha, sigma2=sigma2)
-    return cf.effective_sample_size(problem, cf.correlated_optimum(problem)[0]) / n
+    risk = cf.isotropic_correlated_optimum(design, d, n, alpha, sigma2)[0]
+    return cf.isotropic_effective_sample_size(d, sigma2, risk) / n
 
 
 @claim(
@@ -739,7 +739,7 @@ def alignment_multiplier_proportional(seed, d):
     reference=f"{PAPER}: alignment increases the usable sample size by κ = α²d + 1 ({DOCS} §7.2)",
     statement="At fixed α and finite d the RAG optimum's effective sample size is κn = (α²d + 1)n (d = 20, α = 0.5, "
               "κ = 6; within 5%).",
-    quick=dict(ns=(5, 10, 20), n_prompts=40_000),
+    quick=dict(ns=(5, 10, 20), n_prompts=20_000),
     full=dict(ns=(2, 5, 10, 20, 40, 80), n_prompts=400_000),
     finding=FINDINGS["linear_attention_h3.alignment_multiplier_fixed_alpha"],
 )
@@ -788,7 +788,7 @@ def alignment_multiplier_fixed_alpha(seed, ns, n_prompts):
     reference=f"{PAPER}: linear attention on retrieved examples ({DOCS} §7.1, §8)",
     statement="Linear attention trained on RAG prompts reaches L*_RAG = min_c R(cI): a scaled identity is the optimal "
               "preconditioner in the correlated design.",
-    quick=dict(steps=1500, batch_size=256, n_prompts=100_000),
+    quick=dict(steps=800, batch_size=256, n_prompts=50_000),
     full=dict(steps=4000, batch_size=512, n_prompts=1_000_000),
 )
 def trained_attention_rag(seed, steps, batch_size, n_prompts):
@@ -823,7 +823,7 @@ def trained_attention_rag(seed, steps, batch_size, n_prompts):
     reference=f"{PAPER}: the RAG risk as n grows ({DOCS} §7.3; beyond the paper)",
     statement="The optimal RAG risk does not fall to σ² as n → ∞ but to the floor d + σ² − d²κ̄²/D₂ > σ²; at large n "
               "the Monte-Carlo risk of the optimal predictor matches the closed form, above the floor.",
-    quick=dict(d=5, n=400, n_prompts=20_000),
+    quick=dict(d=5, n=200, n_prompts=10_000),
     full=dict(d=20, n=2000, n_prompts=100_000),
 )
 def rag_risk_floor(seed, d, n, n_prompts):
@@ -832,16 +832,15 @@ def rag_risk_floor(seed, d, n, n_prompts):
     floor = cf.rag_risk_floor(problem)
     L_star, c_star = cf.correlated_optimum(problem)
     mc = _mc(problem, lambda p: dyn.pgd_predict(p, c_star * np.eye(d)), n_prompts, seed)
-    far = cf.correlated_optimum(_correlated_problem("rag", d=d, n=10**7, alpha=alpha, sigma2=sigma2))[0]
+    far = cf.isotropic_correlated_optimum("rag", d, 10**7, alpha, sigma2)[0]
     z = mc.z_score(L_star)
     passed = abs(z) < Z_TOLERANCE and floor > sigma2 + 0.1 and 0 <= far - floor < 1e-4 and L_star > floor
 
     def figure():
         fig, ax = plots.figure()
         grid = np.unique(np.geomspace(1, 1e5, 60).astype(int))
-        curve = [cf.correlated_optimum(_correlated_problem("rag", d=d, n=int(k), alpha=alpha, sigma2=sigma2))[0]
-                 for k in grid]
-        iid = [cf.optimal_risk(H3Problem(H=np.eye(d), Psi=np.eye(d), sigma2=sigma2, n=int(k))) for k in grid]
+        curve = [cf.isotropic_correlated_optimum("rag", d, int(k), alpha, sigma2)[0] for k in grid]
+        iid = [cf.isotropic_correlated_optimum("rag", d, int(k), 0.0, sigma2)[0] for k in grid]  # α = 0 is IID
         plots.theory_line(ax, grid, curve, label="$L^*_{\\rm RAG}(n)$")
         plots.theory_line(ax, grid, iid, label="$L^*_{\\rm IID}(n)$", color="gray", linestyle=":")
         ax.axhline(floor, color="C3", linestyle="-.", label="RAG floor")
@@ -865,11 +864,20 @@ def rag_risk_floor(seed, d, n, n_prompts):
 # ==================================================================================================================
 
 
-def _factored_minimum(objective, d, r, starts, rng):
+def _factored_minimum(problem, W0, r, starts, rng):
+    """min over U, V (d×r) of R(W0 + UVᵀ) by BFGS with the exact gradient (∇_U = GV, ∇_V = GᵀU, G = ∇_W R)."""
+    d = problem.d
+
+    def objective(x):
+        U, V = x[:d * r].reshape(d, r), x[d * r:].reshape(d, r)
+        W = W0 + U @ V.T
+        G = cf.pgd_risk_gradient(problem, W)
+        return float(cf.pgd_risk(problem, W)), np.concatenate([(G @ V).ravel(), (G.T @ U).ravel()])
+
     best = np.inf
     for _ in range(starts):
-        result = minimize(lambda x: objective(x[:d * r].reshape(d, r) @ x[d * r:].reshape(d, r).T),
-                          0.3 * rng.standard_normal(2 * d * r), method="BFGS", options=dict(gtol=1e-12))
+        result = minimize(objective, 0.3 * rng.standard_normal(2 * d * r), jac=True, method="BFGS",
+                          options=dict(gtol=1e-12))
         best = min(best, result.fun)
     return best
 
@@ -887,7 +895,7 @@ def low_rank_optimum(seed, starts):
     rng = np.random.default_rng(seed)
     rows = []
     for r in (1, 2, 3):
-        best = _factored_minimum(lambda W: float(cf.pgd_risk(problem, W)), problem.d, r, starts, rng)
+        best = _factored_minimum(problem, np.zeros((problem.d, problem.d)), r, starts, rng)
         predicted = cf.low_rank_optimal_risk(problem, r)
         rows.append(dict(r=r, bfgs=best, closed_form=predicted,
                          at_formula_w=float(cf.pgd_risk(problem, cf.low_rank_preconditioner(problem, r)))))
@@ -917,7 +925,7 @@ def low_rank_optimum(seed, starts):
     "linear_attention_h3.trained_low_rank_attention",
     reference=f"{PAPER}: low-rank attention ({DOCS} §3.2, §5.1, §8)",
     statement="Linear attention with key/query width d_k = r, trained with Adam, reaches L*_r (setting D, r = 1, 2).",
-    quick=dict(steps=1500, batch_size=256, n_prompts=100_000),
+    quick=dict(steps=800, batch_size=256, n_prompts=50_000),
     full=dict(steps=4000, batch_size=512, n_prompts=1_000_000),
 )
 def trained_low_rank_attention(seed, steps, batch_size, n_prompts):
@@ -967,7 +975,7 @@ def lora_formula(seed, starts):
     rows = []
     for label, problem in problems.items():
         for r in (1, 2, 3):
-            best = _factored_minimum(lambda D, p=problem: float(cf.pgd_risk(p, W0 + D)), problem.d, r, starts, rng)
+            best = _factored_minimum(problem, W0, r, starts, rng)
             rows.append(dict(shift=label, r=r, bfgs=best, closed_form=cf.lora_optimal_risk(problem, W0, r)))
     worst = max(abs(row["bfgs"] - row["closed_form"]) for row in rows)
 
@@ -1004,8 +1012,9 @@ def lora_trace_free_exact(seed, trials):
     worst_rank, worst_residual, changing = 0.0, 0.0, np.inf
     for _ in range(trials):
         u, w = rng.standard_normal((2, problem.d))
-        # A rank-2 shift a·uuᵀ − b·wwᵀ with tr(HΔ) = 0 (b = uᵀHu/wᵀHw), small enough to keep Ψ_new PSD.
-        shift = 0.1 * (np.outer(u, u) - (u @ problem.H @ u) / (w @ problem.H @ w) * np.outer(w, w))
+        u, w = u / np.linalg.norm(u), w / np.linalg.norm(w)
+        # A rank-2 shift uuᵀ − b·wwᵀ with tr(HΔ) = 0 (b = uᵀHu/wᵀHw), small enough to keep Ψ_new PSD.
+        shift = 0.05 * (np.outer(u, u) - (u @ problem.H @ u) / (w @ problem.H @ w) * np.outer(w, w))
         new = problem.replace(Psi=problem.Psi + shift)
         singular = np.linalg.svd(cf.optimal_preconditioner(new) - W_old, compute_uv=False)
         worst_rank = max(worst_rank, float(singular[2] / singular[0]))
@@ -1029,7 +1038,7 @@ def lora_trace_free_exact(seed, trials):
     reference=f"{PAPER}: LoRA ({DOCS} §5.2, §8)",
     statement="A rank-1 LoRA adapter W₀ + UVᵀ trained with Adam from W₀ = W*_old reaches the LoRA optimum L*_LoRA(1) "
               "on the trace-changing shift (within 0.5%).",
-    quick=dict(steps=1500, batch_size=256),
+    quick=dict(steps=800, batch_size=256),
     full=dict(steps=4000, batch_size=512),
 )
 def trained_lora(seed, steps, batch_size):
