@@ -26,7 +26,8 @@ from .optimizers import OPTIMIZERS
 
 __all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference",
            "pgd_predict", "wpgd_predict", "attention_forward", "h3_forward", "MODELS", "VALUE_INITS", "make_model",
-           "train", "trained_predictor", "PARAMETER_NAMES", "population_trajectory", "population", "minibatch"]
+           "train", "trained_predictor", "PARAMETER_NAMES", "population_trajectory",
+           "correlated_population_trajectory", "population", "minibatch"]
 
 
 # ==================================================================================================================
@@ -471,8 +472,28 @@ def flow_rate(problem: H3Problem, omega=None) -> float:
 # ==================================================================================================================
 
 
+def correlated_population_trajectory(problem: H3Problem, *, t_end: float | None = None,
+                                    n_points: int = 200) -> Trajectory:
+    """The rag and tfa designs: W = cI is optimal (§7.1), and the flow ċ = −dR/dc = 2A − 2Bc of
+    R(cI) = E y_q² − 2cA + c²B from c = 0 is solved exactly, c(t) = c*(1 − exp(−2Bt)); its rate is 2B."""
+    moments = cf.correlated_moments(problem)
+    L_star, c_star = cf.correlated_optimum(problem)
+    rate = 2 * moments.B
+    t_end = 30.0 / rate if t_end is None else check.real(t_end, "t_end", minimum=0.0, strict=True)
+    n_points = check.integer(n_points, "n_points", minimum=2)
+    times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
+    c = c_star * -np.expm1(-rate * times)
+    risk = moments.query_second_moment - 2 * c * moments.A + c * c * moments.B
+    return Trajectory(times=times, states=dict(c=c), metrics=dict(risk=risk, excess_risk=risk - L_star,
+                                                                  distance=np.abs(c - c_star)),
+                      info=dict(rate=rate, limit=c_star))
+
+
 def population(problem: H3Problem, *, t_end: float | None = None, n_points: int = 200) -> Trajectory:
-    """The gradient flow of the PGD risk from W = 0 (:func:`population_trajectory`)."""
+    """The gradient flow of the PGD risk from W = 0 (:func:`population_trajectory`); in the rag and tfa designs the
+    exact flow of R(cI) (:func:`correlated_population_trajectory`)."""
+    if problem.design != "iid":
+        return correlated_population_trajectory(problem, t_end=t_end, n_points=n_points)
     return population_trajectory(problem, t_end=t_end, n_points=n_points)
 
 

@@ -240,6 +240,17 @@ def test_flow_reaches_the_optimum_at_the_predicted_rate():
     assert run.info["n_steps"] < 2000  # a linear ODE: a solver-cost budget that catches a slowdown
 
 
+def test_correlated_flow_is_the_exact_scalar_flow():
+    problem = H3Problem(H=np.eye(4), Psi=np.eye(4), sigma2=0.2, n=6, design="rag", alpha=0.5)
+    run = dyn.population(problem)
+    m = cf.correlated_moments(problem)
+    from scipy.integrate import solve_ivp
+    ode = solve_ivp(lambda _, c: 2 * m.A - 2 * m.B * c, (0, run.times[-1]), [0.0], t_eval=run.times, rtol=1e-10,
+                    atol=1e-14, method="LSODA")  # stiff: the rate 2B is large
+    assert np.allclose(run.states["c"], ode.y[0], rtol=1e-6, atol=1e-12)
+    assert run.last("excess_risk") < 1e-12
+
+
 # ---- inputs ------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("changes, message", [
