@@ -232,6 +232,18 @@ def test_minibatch_gradients_are_the_derivatives_of_the_loss(model):
             assert grad[index] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
 
 
+def test_risk_gradient_is_the_derivative_of_the_risk():
+    rng = np.random.default_rng(19)
+    problem = _heteroscedastic_drift_problem(rng)
+    omega, W = rng.uniform(0.2, 1.5, problem.n), rng.standard_normal((3, 3)) / 10
+    gradient = cf.pgd_risk_gradient(problem, W, omega)
+    for index in [(0, 0), (1, 2), (2, 1)]:
+        step = np.zeros((3, 3))
+        step[index] = 1e-6
+        numeric = (cf.wpgd_risk(problem, W + step, omega) - cf.wpgd_risk(problem, W - step, omega)) / 2e-6
+        assert gradient[index] == pytest.approx(numeric, rel=1e-6)
+
+
 def test_flow_reaches_the_optimum_at_the_predicted_rate():
     problem = cf.golden_setting_a()
     run = dyn.population_trajectory(problem)

@@ -157,7 +157,7 @@ def _risk_curve_figure(ns, theory_by_label, points_by_label, title, xlabel="cont
     "linear_attention_h3.optimal_risk_monte_carlo",
     reference=f"{PAPER}: Theorem 1 / Proposition 1 risk curves ({DOCS} §4.2, §10)",
     statement="The Monte-Carlo risk of the PGD predictor with W* equals L* at every context length n, for noiseless, "
-              "noisy and non-isotropic data.",
+              "noisy and non-isotropic data, and in setting A (correlated H and Ψ).",
     quick=dict(d=5, ns=(2, 5, 10, 20), n_prompts=20_000),
     full=dict(d=20, ns=(5, 10, 20, 40, 80), n_prompts=400_000),
 )
@@ -178,6 +178,10 @@ def optimal_risk_monte_carlo(seed, d, ns, n_prompts):
             means.append(mc.mean)
             ses.append(mc.standard_error)
         points[label] = (list(ns), means, ses)
+    golden = cf.golden_setting_a()  # and the correlated H, Ψ of setting A
+    W_star = cf.optimal_preconditioner(golden)
+    mc = _mc(golden, lambda p: dyn.pgd_predict(p, W_star), 5 * n_prompts, seeding.named(seed, "setting_a"))
+    rows.append(dict(_mc_row("setting A, n = 8", mc, cf.optimal_risk(golden)), n=golden.n))
     worst = _z_outcome_rows(rows)
     return Outcome(measured=dict(max_abs_z=worst), predicted=dict(z=0.0), labels=dict(max_abs_z="max |z|"),
                    tolerance=f"|z| < {Z_TOLERANCE:g} at each of {len(rows)} points", basis=z_basis(),
