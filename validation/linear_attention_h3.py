@@ -66,6 +66,7 @@ def _z_figure(rows, title, xlabel="configuration"):
                                 label="Monte Carlo (±2 SE)")
         ax.set_xticks(x, [r["label"] for r in rows], fontsize=7, rotation=15)
         plots.finish(ax, title, xlabel, "risk")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=2)
         return fig
     return figure
 
@@ -560,11 +561,19 @@ def drift_optima(seed, n_prompts):
     worst = _z_outcome_rows(rows)
 
     def figure():
-        fig, ax = plots.figure()
+        fig, axes = plots.figure(ncols=2)
         positions = np.arange(1, problem.n + 1)
-        plots.theory_line(ax, positions, v / v.max(), label="$v^*/v^*_{\\max}$ (closed form)", marker="o")
-        plots.finish(ax, "Optimal H3 weights under random-walk drift ($\\rho^2 = 0.3$)", "example position $i$",
+        plots.theory_line(axes[0], positions, v / v.max(), label="$v^*/v^*_{\\max}$ (closed form)")
+        plots.finish(axes[0], "Optimal H3 weights, random-walk drift $\\rho^2 = 0.3$", "example position $i$",
                      "relative weight")
+        x = np.arange(len(rows))
+        plots.theory_line(axes[1], x, [r["predicted"] for r in rows], label="closed form", marker="_",
+                          markersize=14, linestyle="none")
+        plots.simulation_points(axes[1], x, [r["measured"] for r in rows], [r["standard_error"] for r in rows],
+                                label="Monte Carlo (±2 SE)")
+        axes[1].set_xticks(x, [r["label"] for r in rows], fontsize=8)
+        axes[1].set_xlim(-0.5, len(rows) - 0.5)
+        plots.finish(axes[1], "Optimal risks under drift", "predictor", "risk")
         return fig
 
     return Outcome(measured=dict(z_h3=rows[0]["z"], z_attention=rows[1]["z"], weights_increasing=monotone),
@@ -668,6 +677,7 @@ def _correlated_moment_claim(seed, design, n_prompts):
                                 label="Monte Carlo / closed form (±2 SE)")
         ax.set_xticks(x, [r["label"] for r in rows], fontsize=8)
         plots.finish(ax, f"{design.upper()} design, $d = 5$, $n = 10$, $\\alpha = 0.5$", "moment", "ratio")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
         return fig
 
     return Outcome(measured={f"z_{k}": r["z"] for k, r in zip(("a", "b", "risk"), rows)},
