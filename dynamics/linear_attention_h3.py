@@ -110,7 +110,8 @@ def paired_risk_difference(problem: H3Problem, predict, reference, count: int, *
 
 def pgd_predict(prompts: Prompts, W) -> np.ndarray:
     """ŷ = xᵀWXᵀy (§2.1)."""
-    return np.einsum("bd,de,be->b", prompts.x_query, np.asarray(W, float), np.einsum("bid,bi->bd", prompts.X, prompts.y))
+    gradient = np.einsum("bid,bi->bd", prompts.X, prompts.y)
+    return np.einsum("bd,de,be->b", prompts.x_query, np.asarray(W, float), gradient)
 
 
 def wpgd_predict(prompts: Prompts, W, omega) -> np.ndarray:

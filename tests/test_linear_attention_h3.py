@@ -8,7 +8,6 @@ import attnflow.closed_forms.linear_attention_h3 as cf
 import attnflow.dynamics.linear_attention_h3 as dyn
 from attnflow import run_claim, select
 from attnflow.closed_forms.linear_attention_h3 import H3Problem
-from attnflow.dynamics.montecarlo import monte_carlo_mean
 from attnflow.validation import linear_attention_h3 as claims
 
 from .conftest import assert_within_standard_errors
@@ -263,7 +262,7 @@ def test_correlated_flow_is_the_exact_scalar_flow():
     assert run.last("excess_risk") < 1e-12
 
 
-# ---- inputs ------------------------------------------------------------------------------------------------------------
+# ---- inputs ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("changes, message", [
     (dict(Psi=np.array([[1.0, 2.0], [2.0, 1.0]])), "Psi must be positive semi-definite"),
@@ -339,7 +338,7 @@ def test_same_seed_same_numbers():
     assert run_claim(c1, seed=5, n_prompts=2000).measured == run_claim(c1, seed=5, n_prompts=2000).measured
 
 
-# ---- the claims --------------------------------------------------------------------------------------------------------
+# ---- the claims ------------------------------------------------------------------------------------------------
 
 def test_every_claim_holds_at_quick_settings():
     results = [run_claim(c, seed=0) for c in select(["linear_attention_h3"])]
@@ -380,7 +379,8 @@ def test_rag_claim_fails_when_a_moment_is_wrong(monkeypatch):
 
 def test_kappa_finding_turns_to_fail_if_the_multiplier_held(monkeypatch):
     """If the exact effective sample size were κn the registered finding would no longer reproduce: FAIL."""
-    monkeypatch.setattr(cf, "effective_sample_size", lambda problem, risk: (problem.alpha**2 * problem.d + 1) * problem.n)
+    monkeypatch.setattr(cf, "effective_sample_size",
+                        lambda problem, risk: cf.alignment_multiplier(problem.d, problem.alpha) * problem.n)
     assert run_claim(select(["linear_attention_h3.alignment_multiplier_fixed_alpha"])[0], seed=0).status == "FAIL"
 
 

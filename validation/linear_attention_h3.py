@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.ticker import LogFormatterSciNotation
+from scipy import stats as scipy_stats
 from scipy.optimize import minimize
 
 from attnflow import seeding
 from attnflow.closed_forms import linear_attention_h3 as cf
 from attnflow.closed_forms.linear_attention_h3 import H3Problem
 from attnflow.dynamics import linear_attention_h3 as dyn
+from attnflow.dynamics.montecarlo import monte_carlo_mean
 
 from . import plots
 from .claims import Outcome, claim
@@ -35,8 +37,8 @@ TRAINING_BASIS = (f"{TRAINING_ALLOWANCE:.0%} of the optimum (finite training) + 
 FINDINGS = {
     "linear_attention_h3.alignment_multiplier_fixed_alpha":
         "At fixed α and finite d the usable-sample multiplier is not α²d + 1: at d = 20, α = 0.5 it is 6.8, 6.1 and "
-        "5.1 at n = 5, 10, 20 against κ = 6; the rule holds only in the proportional limit (docs/linear_attention_h3.md "
-        "§7.2).",
+        "5.1 at n = 5, 10, 20 against κ = 6; the rule holds only in the proportional limit "
+        "(docs/linear_attention_h3.md §7.2).",
 }
 
 
@@ -234,7 +236,8 @@ def attention_reduces_to_pgd(seed, trials):
         worst_even = max(worst_even, float(np.abs(forward(prompts) - odd - even).max()))
     return Outcome(measured=dict(odd_part_error=worst_odd, even_part_error=worst_even),
                    predicted=dict(odd_part_error=0.0, even_part_error=0.0),
-                   labels=dict(odd_part_error="max |odd part − PGD(W_eff)|", even_part_error="max |even part − formula|"),
+                   labels=dict(odd_part_error="max |odd part − PGD(W_eff)|",
+                               even_part_error="max |even part − formula|"),
                    tolerance=f"< {ROUND_OFF:g}", basis="exact identity; float64 round-off only",
                    passed=max(worst_odd, worst_even) < ROUND_OFF, notes="A pure identity: no figure.")
 
@@ -288,13 +291,13 @@ def odd_even_split(seed, n_prompts):
         even = forward(p) - odd
         return 2 * even * (odd - p.y_query)
 
-    from attnflow.dynamics.montecarlo import monte_carlo_mean
     cross = monte_carlo_mean(excess, n_prompts, seed=seeding.named(seed, "mc"))
     z = cross.z_score(0.0)
     odd_mc = _mc(problem, lambda p: dyn.pgd_predict(p, W_eff), n_prompts, seeding.named(seed, "odd"))
     z_odd = odd_mc.z_score(float(cf.pgd_risk(problem, W_eff)))
     return Outcome(measured=dict(z_cross=z, z_odd_risk=z_odd), predicted=dict(z_cross=0.0, z_odd_risk=0.0),
-                   labels=dict(z_cross="z of E[2·even·(odd − y_q)]", z_odd_risk="z of the odd part's risk vs R_PGD(W_eff)"),
+                   labels=dict(z_cross="z of E[2·even·(odd − y_q)]",
+                               z_odd_risk="z of the odd part's risk vs R_PGD(W_eff)"),
                    tolerance=f"|z| < {Z_TOLERANCE:g} each", basis=z_basis(),
                    passed=max(abs(z), abs(z_odd)) < Z_TOLERANCE, false_fail_rate=2 * ALPHA,
                    details=[dict(cross_mean=cross.mean, cross_se=cross.standard_error, odd_risk=odd_mc.mean,
@@ -396,7 +399,6 @@ def attention_spurious_branch(seed, n_prompts, seeds, steps):
     chunks = np.array(chunks)
     mean, se = chunks.mean(0), chunks.std(0, ddof=1) / np.sqrt(len(chunks))
     df = len(chunks) - 1
-    from scipy import stats as scipy_stats
     t_bound = float(scipy_stats.t.isf(ALPHA / 2 / (mean.size - 1), df))   # Bonferroni over the coordinates
     moving = se[:-1] > 1e-14
     t_gradient = float(np.max(np.abs(mean[:-1][moving] / se[:-1][moving])))
@@ -541,7 +543,8 @@ def heteroscedastic_optima(seed, n_prompts):
                                closed_form_gap="|Sherman–Morrison − linear solve|",
                                bfgs_weighted_minimum="BFGS min over ω of min_W R", h3_optimum="$L^*_{H3}$",
                                attention_optimum="$L^*_{ATT}$"),
-                   tolerance=f"|z| < {Z_TOLERANCE:g}; closed forms agree to {ROUND_OFF:g}; BFGS ≥ L*_H3 − {OPTIMISER:g}",
+                   tolerance=f"|z| < {Z_TOLERANCE:g}; closed forms agree to {ROUND_OFF:g}; "
+                             f"BFGS ≥ L*_H3 − {OPTIMISER:g}",
                    basis=z_basis(), passed=bool(passed), details=rows, false_fail_rate=2 * ALPHA,
                    figure=_z_figure(rows, "Heteroscedastic noise: optimal H3 and attention risks"))
 
@@ -648,7 +651,6 @@ def _correlated_problem(design, d=5, n=10, alpha=0.5, sigma2=0.2):
 
 
 def _correlated_moment_claim(seed, design, n_prompts):
-    from attnflow.dynamics.montecarlo import monte_carlo_mean
     problem = _correlated_problem(design)
     moments = cf.correlated_moments(problem)
     L_star, c_star = cf.correlated_optimum(problem)
@@ -1109,8 +1111,8 @@ def gradient_flow_converges(seed, n_points):
         run = dyn.population_trajectory(problem, omega=omega, n_points=n_points)
         fit = fit_exponential_rate(run.times, run.metrics["distance"], window=(1e-9, 1e-3))
         monotone = bool(np.all(np.diff(run.metrics["risk"]) <= 1e-12))
-        rows.append(dict(setting=label, rate=-fit.slope, predicted=run.info["rate"], final_excess=run.last("excess_risk"),
-                         final_distance=run.last("distance"), monotone=monotone))
+        rows.append(dict(setting=label, rate=-fit.slope, predicted=run.info["rate"],
+                         final_excess=run.last("excess_risk"), final_distance=run.last("distance"), monotone=monotone))
         trajectories[label] = run
     worst_rate = max(abs(r["rate"] / r["predicted"] - 1) for r in rows)
     passed = worst_rate < 0.01 and all(r["monotone"] and r["final_distance"] < 1e-8 for r in rows)
