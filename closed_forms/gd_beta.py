@@ -24,6 +24,7 @@ from scipy.optimize import minimize
 from . import checks as check
 from .parameters import Parameter, parse_parameters
 from .linalg import numerical_rank, psd_eigh, psd_power, range_basis
+from .linear_icl import omega_matrix, optimal_step_matrix, preconditioned_gd_risk, spectral_optimal_risk
 
 __all__ = [
     "GDBetaProblem",
@@ -238,8 +239,7 @@ class GDBetaProblem:
     def Gamma_star(self) -> np.ndarray:
         """Γ* = H^{+1/2} Ψ̃ Ω⁻¹ H^{+1/2}, Theorem 5.2 eq. (5.3)."""
         self.require_optimum_defined()
-        Gamma = self.H_half_pinv @ (self.Psi_tilde @ np.linalg.inv(self.Omega)) @ self.H_half_pinv
-        return _read_only((Gamma + Gamma.T) / 2)
+        return _read_only(optimal_step_matrix(self.H_half_pinv, self.Psi_tilde, self.Omega))
 
     @property
     def beta_norm_H(self) -> float:
@@ -259,8 +259,7 @@ class GDBetaProblem:
 
 def _omega_of(problem: GDBetaProblem, S_tilde: np.ndarray) -> np.ndarray:
     """Ω(S̃) = (N+1)/N S̃ + (tr S̃ + σ²)/N I (docs/gd_beta.md §3)."""
-    N = problem.N
-    return (N + 1) / N * S_tilde + (np.trace(S_tilde) + problem.sigma2) / N * np.eye(problem.d)
+    return omega_matrix(S_tilde, problem.sigma2, problem.N)
 
 
 def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
@@ -295,17 +294,7 @@ def icl_risk(problem: GDBetaProblem, beta0, Gamma) -> np.ndarray:
     beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
     e = problem.beta_star - beta0
     S = problem.Psi + e[..., :, None] * e[..., None, :]
-    HS = H @ S
-    tr_HS = np.trace(HS, axis1=-2, axis2=-1)
-    HG = H @ Gamma
-    GtHG = np.swapaxes(Gamma, -1, -2) @ HG
-    return (
-        sigma2
-        + tr_HS
-        - 2 * np.trace(HG @ HS, axis1=-2, axis2=-1)
-        + (N + 1) / N * np.trace(GtHG @ HS @ H, axis1=-2, axis2=-1)
-        + (tr_HS + sigma2) / N * np.trace(GtHG @ H, axis1=-2, axis2=-1)
-    )
+    return preconditioned_gd_risk(H, S, sigma2, N, Gamma)
 
 
 def omega(problem: GDBetaProblem) -> np.ndarray:
@@ -329,9 +318,7 @@ def optimal_risk(problem: GDBetaProblem) -> float:
 def optimal_risk_eigen(problem: GDBetaProblem) -> float:
     """R* = σ² + Σᵢ ψᵢ(ψᵢ + s) / ((N+1)ψᵢ + s), s = tr Ψ̃ + σ², eq. (5.2), eigenvalue form."""
     problem.require_optimum_defined()
-    psi, N = problem.psi, problem.N
-    s = psi.sum() + problem.sigma2
-    return float(problem.sigma2 + np.sum(psi * (psi + s) / ((N + 1) * psi + s)))
+    return spectral_optimal_risk(problem.psi, problem.sigma2, problem.N)
 
 
 def excess_risk_parts(problem: GDBetaProblem, beta0, Gamma) -> tuple[float, float]:

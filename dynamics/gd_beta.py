@@ -17,6 +17,7 @@ from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from attnflow.seeding import SeedLike, generators
 
 from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean
+from .optimizers import OPTIMIZERS
 
 __all__ = [
     "Prompts",
@@ -278,47 +279,6 @@ def minibatch_gradient(problem: GDBetaProblem, prompts: Prompts, beta0, Gamma):
     return _gd_beta_batch_gradient(prompts.X, prompts.y, prompts.x_query, prompts.y_query, beta0, Gamma)
 
 
-class _Optimizer:
-    """A step on a list of arrays in place, with a cosine learning-rate decay to ``lr * final_fraction``."""
-
-    def __init__(self, params, lr, steps, final_fraction=0.01):
-        self.params, self.lr, self.steps, self.final = params, lr, steps, final_fraction
-        self.k = 0
-
-    def learning_rate(self):
-        self.k += 1
-        progress = min(self.k / self.steps, 1.0)
-        return self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
-
-
-class _SGD(_Optimizer):
-    def step(self, grads):
-        lr = self.learning_rate()
-        for p, g in zip(self.params, grads):
-            p -= lr * g
-
-
-class _Adam(_Optimizer):
-    """Adam (Kingma & Ba 2015) with the default β₁ = 0.9, β₂ = 0.999, ε = 1e-8."""
-
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
-
-    def __init__(self, params, lr, steps, final_fraction=0.01):
-        super().__init__(params, lr, steps, final_fraction)
-        self.m = [np.zeros_like(p) for p in params]
-        self.v = [np.zeros_like(p) for p in params]
-
-    def step(self, grads):
-        lr = self.learning_rate()
-        c1, c2 = 1 - self.beta1**self.k, 1 - self.beta2**self.k
-        for p, g, m, v in zip(self.params, grads, self.m, self.v):
-            m *= self.beta1
-            m += (1 - self.beta1) * g
-            v *= self.beta2
-            v += (1 - self.beta2) * g * g
-            p -= lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
-
-
 class _GDBetaModel:
     """GD-β (5.1) with parameters (β₀, Γ), initialised at (0, 0)."""
 
@@ -430,7 +390,6 @@ def make_model(name: str, problem: GDBetaProblem, rng, init_scale: float = 0.3, 
 
 
 VALUE_INITS = ("label_copy", "random")
-OPTIMIZERS = {"adam": _Adam, "sgd": _SGD}
 
 
 def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, steps: int, *, seed: SeedLike,

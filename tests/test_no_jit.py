@@ -12,7 +12,8 @@ import sys
 
 FAST_WITHOUT_JIT = ["gd_beta.risk_formula", "gd_beta.bayes_factor_needs_bounded_snr",
                     "one_nn.full_gd_leaves_manifold_above_stability_limit", "random_walk.failure_theorem",
-                    "scb.proximal_bias_and_stage3", "scb.transfer_one_step"]
+                    "scb.proximal_bias_and_stage3", "scb.transfer_one_step",
+                    "linear_attention_h3.gradient_flow_converges"]
 
 
 def _run_without_jit(code: str) -> str:

@@ -1,0 +1,53 @@
+"""Optimisers for the minibatch simulators: in-place steps on a list of arrays, with a cosine learning-rate decay.
+
+Shared by every system that trains a model on sampled prompts (gd_beta, linear_attention_h3).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS"]
+
+
+class Optimizer:
+    """A step on a list of arrays in place, with a cosine learning-rate decay to ``lr * final_fraction``."""
+
+    def __init__(self, params, lr, steps, final_fraction=0.01):
+        self.params, self.lr, self.steps, self.final = params, lr, steps, final_fraction
+        self.k = 0
+
+    def learning_rate(self):
+        self.k += 1
+        progress = min(self.k / self.steps, 1.0)
+        return self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
+
+
+class SGD(Optimizer):
+    def step(self, grads):
+        lr = self.learning_rate()
+        for p, g in zip(self.params, grads):
+            p -= lr * g
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba 2015) with the default β₁ = 0.9, β₂ = 0.999, ε = 1e-8."""
+
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+
+    def __init__(self, params, lr, steps, final_fraction=0.01):
+        super().__init__(params, lr, steps, final_fraction)
+        self.m = [np.zeros_like(p) for p in params]
+        self.v = [np.zeros_like(p) for p in params]
+
+    def step(self, grads):
+        lr = self.learning_rate()
+        c1, c2 = 1 - self.beta1**self.k, 1 - self.beta2**self.k
+        for p, g, m, v in zip(self.params, grads, self.m, self.v):
+            m *= self.beta1
+            m += (1 - self.beta1) * g
+            v *= self.beta2
+            v += (1 - self.beta2) * g * g
+            p -= lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+
+
+OPTIMIZERS = {"adam": Adam, "sgd": SGD}
