@@ -922,7 +922,7 @@ def regularisation_path(seed, R_max_p, R_max_w, points):
             plots.theory_line(ax, R, y[-1] * (R / R[-1]) ** -2.0, label="theory $R^{-2}$" if marker == "o" else None)
         plots.finish(ax, "regularisation path", "$R$", r"$1 - \mathrm{corr}(\theta_R, \theta^{mm})$", logx=True,
                      logy=True)
-        plots.legend_below(ax, ncols=3)
+        plots.legend_below(ax, ncols=2)
         return fig
     ids = {"multi_input p": "multi_input", "random W": "random_w"}
     measured = {f"one_minus_corr_{ids[r['instance']]}": r["one_minus_corr"][-1] for r in rows}

@@ -782,7 +782,7 @@ def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
         plots.theory_line(ax, T, critical[0] * T / T[0], label=r"$\propto T$ (for comparison)")
         plots.finish(ax, "Transfer: critical batch of the one Q-step", "context length $T$", r"$B_{crit}$",
                      logx=True, logy=True)
-        plots.legend_below(ax, ncols=3)
+        plots.legend_below(ax, ncols=2)
         return fig
 
     return Outcome(
