@@ -683,9 +683,9 @@ def _correlated_moment_claim(seed, design, n_prompts):
         return fig
 
     return Outcome(measured={f"z_{k}": r["z"] for k, r in zip(("a", "b", "risk"), rows)},
-                   predicted=dict(A=moments.A, B=moments.B, optimal_risk=L_star),
-                   labels=dict(z_a="z of A", z_b="z of B", z_risk="z of the optimal risk", A="A", B="B",
-                               optimal_risk="$L^*$"),
+                   predicted=dict(moment_a=moments.A, moment_b=moments.B, optimal_risk=L_star),
+                   labels=dict(z_a="z of A", z_b="z of B", z_risk="z of the optimal risk", moment_a="A",
+                               moment_b="B", optimal_risk="$L^*$"),
                    tolerance=f"|z| < {Z_TOLERANCE:g} each", basis=z_basis(), passed=worst < Z_TOLERANCE,
                    details=rows, false_fail_rate=3 * ALPHA, figure=figure)
 
