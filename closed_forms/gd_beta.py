@@ -22,7 +22,7 @@ from numba import njit
 from scipy.optimize import minimize
 
 from . import checks as check
-from .parameters import Parameter, parse_parameters
+from .parameters import Parameter, parse_parameters, square_matrix
 from .linalg import numerical_rank, psd_eigh, psd_power, range_basis
 from .linear_icl import omega_matrix, optimal_step_matrix, preconditioned_gd_risk, spectral_optimal_risk
 
@@ -169,22 +169,13 @@ class GDBetaProblem:
             sizes.append(p["beta_star"].size)
         d = p["d"] if p["d"] is not None else (sizes[0] if sizes else 2)
 
-        def matrix(name):
-            value = np.asarray(p[name], dtype=float)
-            if value.ndim == 0:
-                return float(value) * np.eye(d)
-            if value.ndim == 1:
-                if value.size != d:
-                    raise ValueError(f"{name} must have d = {d} diagonal entries, got {value.size}")
-                return np.diag(value)
-            return value
-
         if p["beta_star"] is not None:
             beta_star = p["beta_star"]
         else:
             beta_star = np.zeros(d)
             beta_star[0] = p["beta_norm"]
-        return cls(H=matrix("H"), Psi=matrix("Psi"), beta_star=beta_star, sigma2=p["sigma2"], N=p["N"])
+        return cls(H=square_matrix(p["H"], "H", d), Psi=square_matrix(p["Psi"], "Psi", d), beta_star=beta_star,
+                   sigma2=p["sigma2"], N=p["N"])
 
     def replace(self, **changes) -> "GDBetaProblem":
         fields = dict(H=self.H, Psi=self.Psi, beta_star=self.beta_star, sigma2=self.sigma2, N=self.N)

@@ -22,7 +22,7 @@ from numba import njit
 from . import checks as check
 from .linalg import psd_eigh, psd_power
 from .linear_icl import omega_matrix, optimal_step_matrix, preconditioned_gd_risk, spectral_optimal_risk
-from .parameters import Parameter, parse_parameters
+from .parameters import Parameter, parse_parameters, square_matrix
 
 __all__ = [
     "DESIGNS",
@@ -161,20 +161,9 @@ class H3Problem:
         sizes = [np.shape(p[k])[0] for k in ("H", "Psi") if np.ndim(p[k]) > 0]
         d = p["d"] if p["d"] is not None else (sizes[0] if sizes else 3)
 
-        def matrix(name):
-            value = np.asarray(p[name], dtype=float)
-            if value.ndim == 0:
-                return float(value) * np.eye(d)
-            if value.ndim == 1:
-                if value.size != d:
-                    raise ValueError(f"{name} must have d = {d} diagonal entries, got {value.size}")
-                return np.diag(value)
-            if value.shape != (d, d):
-                raise ValueError(f"{name} must be {d}x{d}, got shape {value.shape}")
-            return value
-
         drift = random_walk_drift(p["n"], p["rho2"]) if p["rho2"] > 0 else None
-        return cls(H=matrix("H"), Psi=matrix("Psi"), sigma2=p["sigma2"], n=p["n"], noise=p["noise"], drift=drift,
+        return cls(H=square_matrix(p["H"], "H", d), Psi=square_matrix(p["Psi"], "Psi", d), sigma2=p["sigma2"],
+                   n=p["n"], noise=p["noise"], drift=drift,
                    design=p["design"], alpha=p["alpha"])
 
     def replace(self, **changes) -> "H3Problem":

@@ -18,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["Parameter", "parse_parameters", "describe"]
+__all__ = ["Parameter", "parse_parameters", "describe", "square_matrix"]
 
 KINDS = ("integer", "real", "vector", "matrix", "boolean", "choice")
 
@@ -164,3 +164,18 @@ def describe(specs) -> list[str]:
         default = "derived" if spec.default is None else spec.default
         lines.append(f"{spec.name} ({spec.kind}, default {default}): {spec.help}")
     return lines
+
+
+def square_matrix(value, name: str, d: int) -> np.ndarray:
+    """A parsed ``matrix`` parameter as a d×d matrix: a scalar c means c·I, a vector the diagonal, a matrix itself
+    (the forms ``--param H=1``, ``H=1,2,3``, ``H=1,.3;.3,.6``). Wrong sizes are a ValueError naming ``name``."""
+    value = np.asarray(value, dtype=float)
+    if value.ndim == 0:
+        return float(value) * np.eye(d)
+    if value.ndim == 1:
+        if value.size != d:
+            raise ValueError(f"{name} must have d = {d} diagonal entries, got {value.size}")
+        return np.diag(value)
+    if value.shape != (d, d):
+        raise ValueError(f"{name} must be {d}x{d}, got shape {value.shape}")
+    return value

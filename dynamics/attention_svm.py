@@ -24,26 +24,17 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_logit_gradient
 
 from .errors import DivergenceError
-from .montecarlo import Trajectory
+from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
 
 __all__ = ["ALGORITHMS", "record_steps", "train", "train_kq", "train_joint", "train_relu_head", "initial_theta", "regularisation_path",
            "population", "minibatch", "MAX_STEPS"]
 
 ALGORITHMS = ("ngd", "gd", "kq", "kq_joint", "joint")
-MAX_STEPS = 10_000_000
-MAX_RECORDS = 2000
 
 
 def record_steps(steps: int, records: int = 60) -> np.ndarray:
     """About ``records`` log-spaced steps in [0, steps] (always 0 and ``steps``)."""
-    steps = check.integer(steps, "steps", minimum=1)
-    if steps > MAX_STEPS:
-        raise ValueError(f"steps must be <= {MAX_STEPS}, got {steps}")
-    records = check.integer(records, "records", minimum=2)
-    if records > MAX_RECORDS:
-        raise ValueError(f"records must be <= {MAX_RECORDS}, got {records}")
-    ks = np.unique(np.round(np.geomspace(1, steps, records - 1)).astype(np.int64))
-    return np.concatenate([[0], ks])
+    return log_spaced_steps(steps, records)
 
 
 @njit(cache=True)

@@ -16,7 +16,7 @@ from attnflow.closed_forms import checks as check
 from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from attnflow.seeding import SeedLike, generators
 
-from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean
+from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean, prompt_risk
 from .optimizers import OPTIMIZERS
 
 __all__ = [
@@ -74,12 +74,7 @@ def token_matrices(prompts: Prompts) -> np.ndarray:
 
 def monte_carlo_risk(problem: GDBetaProblem, predict, n: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
     """Brute-force ICL risk E(f(E) − y_q)² (3.5) of ``predict(prompts) -> (m,)`` over n fresh prompts."""
-
-    def squared_errors(rng, m):
-        prompts = sample_prompts(problem, m, rng)
-        return (predict(prompts) - prompts.y_query) ** 2
-
-    return monte_carlo_mean(squared_errors, n, seed=seed, chunk=chunk)
+    return prompt_risk(lambda rng, m: sample_prompts(problem, m, rng), predict, n, seed=seed, chunk=chunk)
 
 
 def bayes_risk(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, chunk: int = 20_000) -> MonteCarloMean:

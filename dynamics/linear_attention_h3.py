@@ -21,7 +21,7 @@ from attnflow.seeding import SeedLike, generators
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean
+from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean, prompt_risk
 from .optimizers import OPTIMIZERS
 
 __all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference",
@@ -88,12 +88,7 @@ def token_matrices(prompts: Prompts) -> np.ndarray:
 
 def monte_carlo_risk(problem: H3Problem, predict, count: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
     """Brute-force risk E(ŷ − y_q)² of ``predict(prompts) -> (B,)`` over ``count`` fresh prompts."""
-
-    def squared_errors(rng, m):
-        prompts = sample_prompts(problem, m, rng)
-        return (predict(prompts) - prompts.y_query) ** 2
-
-    return monte_carlo_mean(squared_errors, count, seed=seed, chunk=chunk)
+    return prompt_risk(lambda rng, m: sample_prompts(problem, m, rng), predict, count, seed=seed, chunk=chunk)
 
 
 def paired_risk_difference(problem: H3Problem, predict, reference, count: int, *, seed: SeedLike,

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnflow.closed_forms import checks as check
 from attnflow.dynamics import progress
 from attnflow.seeding import SeedLike, generators
 
-__all__ = ["MonteCarloMean", "monte_carlo_mean", "Trajectory"]
+__all__ = ["MonteCarloMean", "monte_carlo_mean", "prompt_risk", "log_spaced_steps", "MAX_STEPS", "MAX_RECORDS",
+           "Trajectory"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,33 @@ def monte_carlo_mean(draw, n: int, *, seed: SeedLike, chunk: int = 50_000) -> Mo
     mean = total / n
     variance = max(total_sq / n - mean * mean, 0.0) * n / (n - 1)
     return MonteCarloMean(mean=float(mean), standard_error=float(np.sqrt(variance / n)), n=n)
+
+
+def prompt_risk(sample_prompts, predict, n: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
+    """Brute-force in-context risk E(ŷ − y_q)² of ``predict(prompts) -> (m,)`` over ``n`` fresh prompts drawn by
+    ``sample_prompts(rng, m)`` (anything with a ``y_query`` array), in bounded chunks."""
+
+    def squared_errors(rng, m):
+        prompts = sample_prompts(rng, m)
+        return (predict(prompts) - prompts.y_query) ** 2
+
+    return monte_carlo_mean(squared_errors, n, seed=seed, chunk=chunk)
+
+
+MAX_STEPS = 10_000_000  # bounds on recorded training runs: beyond them a typo, not an experiment
+MAX_RECORDS = 2000
+
+
+def log_spaced_steps(steps: int, records: int) -> np.ndarray:
+    """About ``records`` log-spaced steps in [0, steps] (always 0 and ``steps``): where power-law and logarithmic
+    rates are read off a training run."""
+    steps = check.integer(steps, "steps", minimum=1)
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps must be <= {MAX_STEPS}, got {steps}")
+    records = check.integer(records, "records", minimum=2)
+    if records > MAX_RECORDS:
+        raise ValueError(f"records must be <= {MAX_RECORDS}, got {records}")
+    return np.concatenate([[0], np.unique(np.round(np.geomspace(1, steps, records - 1)).astype(np.int64))])
 
 
 @dataclass(frozen=True)

@@ -21,26 +21,18 @@ from attnflow.closed_forms.attention_svm import LOG_LOSS_CODE, log_scaled_logit_
 from attnflow.closed_forms.next_token_scc import NTPProblem
 
 from .errors import DivergenceError
-from .montecarlo import Trajectory
+from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
 
 __all__ = ["ALGORITHMS", "MAX_STEPS", "record_steps", "initial_W", "train", "train_general_head", "Reference",
            "reference", "metrics", "population", "minibatch"]
 
 ALGORITHMS = ("gd", "ngd")
-MAX_STEPS = 10_000_000
-MAX_RECORDS = 2000
 LINEAR_LOSS_CODE = 1  # ℓ(u) = −u in the shared kernel: dL/dl = (1/n) s (a − s^T a) for token values −a
 
 
 def record_steps(steps: int, records: int = 40) -> np.ndarray:
     """About ``records`` log-spaced steps in [0, steps] (always 0 and ``steps``)."""
-    steps = check.integer(steps, "steps", minimum=1)
-    if steps > MAX_STEPS:
-        raise ValueError(f"steps must be <= {MAX_STEPS}, got {steps}")
-    records = check.integer(records, "records", minimum=2)
-    if records > MAX_RECORDS:
-        raise ValueError(f"records must be <= {MAX_RECORDS}, got {records}")
-    return np.concatenate([[0], np.unique(np.round(np.geomspace(1, steps, records - 1)).astype(np.int64))])
+    return log_spaced_steps(steps, records)
 
 
 @njit(cache=True)
