@@ -4,7 +4,6 @@ The mathematics lives in :mod:`attnflow.closed_forms.gd_beta`; this module draws
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -16,7 +15,7 @@ from attnflow.closed_forms import checks as check
 from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from attnflow.seeding import SeedLike, generators
 
-from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean, prompt_risk
+from .montecarlo import MonteCarloMean, RegressionPrompts, Trajectory, monte_carlo_mean, prompt_risk
 from .optimizers import OPTIMIZERS
 
 __all__ = [
@@ -38,15 +37,7 @@ __all__ = [
 # ==================================================================================================
 
 
-@dataclass(frozen=True)
-class Prompts:
-    """A batch of n prompts: X (n, N, d), y (n, N), x_query (n, d), y_query (n,), beta (n, d)."""
-
-    X: np.ndarray
-    y: np.ndarray
-    x_query: np.ndarray
-    y_query: np.ndarray
-    beta: np.ndarray
+Prompts = RegressionPrompts  # the batch type of sample_prompts, shared by the in-context regression papers
 
 
 def sample_prompts(problem: GDBetaProblem, n: int, rng: np.random.Generator) -> Prompts:

@@ -8,7 +8,6 @@ hundred prompts per batch a step costs well under a millisecond.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -21,7 +20,7 @@ from attnflow.seeding import SeedLike, generators
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import MonteCarloMean, Trajectory, monte_carlo_mean, prompt_risk
+from .montecarlo import MonteCarloMean, RegressionPrompts, Trajectory, monte_carlo_mean, prompt_risk
 from .optimizers import OPTIMIZERS
 
 __all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference",
@@ -35,15 +34,7 @@ __all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_ca
 # ==================================================================================================================
 
 
-@dataclass(frozen=True)
-class Prompts:
-    """A batch of B prompts: X (B, n, d), y (B, n), x_query (B, d), y_query (B,), beta (B, d)."""
-
-    X: np.ndarray
-    y: np.ndarray
-    x_query: np.ndarray
-    y_query: np.ndarray
-    beta: np.ndarray
+Prompts = RegressionPrompts  # the batch type of sample_prompts, shared by the in-context regression papers
 
 
 def sample_prompts(problem: H3Problem, count: int, rng: np.random.Generator) -> Prompts:

@@ -13,7 +13,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.dynamics import progress
 from attnflow.seeding import SeedLike, generators
 
-__all__ = ["MonteCarloMean", "monte_carlo_mean", "prompt_risk", "log_spaced_steps", "MAX_STEPS", "MAX_RECORDS",
+__all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_risk", "log_spaced_steps", "MAX_STEPS", "MAX_RECORDS",
            "Trajectory"]
 
 
@@ -52,6 +52,18 @@ def monte_carlo_mean(draw, n: int, *, seed: SeedLike, chunk: int = 50_000) -> Mo
     mean = total / n
     variance = max(total_sq / n - mean * mean, 0.0) * n / (n - 1)
     return MonteCarloMean(mean=float(mean), standard_error=float(np.sqrt(variance / n)), n=n)
+
+
+@dataclass(frozen=True)
+class RegressionPrompts:
+    """A batch of B in-context linear-regression prompts: examples X (B, n, d) with labels y (B, n), the query
+    x_query (B, d) with its label y_query (B,), and each prompt's task vector beta (B, d)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    x_query: np.ndarray
+    y_query: np.ndarray
+    beta: np.ndarray
 
 
 def prompt_risk(sample_prompts, predict, n: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
