@@ -8,7 +8,6 @@ compared with the closed-form optima by paired Monte Carlo: the gap to the optim
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.ticker import LogFormatterSciNotation
 from scipy import stats as scipy_stats
 from scipy.optimize import minimize
 
@@ -310,11 +309,6 @@ def odd_even_split(seed, n_prompts):
 # ==================================================================================================================
 
 
-def _label_log_y(ax):
-    """Numbers at 2·10^k and 5·10^k on a log y axis spanning less than a decade or two."""
-    ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
-
-
 def _training_figure(trajectories, optima, title):
     """Closed-form risk of each run's odd part against step (markers) and the closed-form optima (lines)."""
     def figure():
@@ -327,7 +321,7 @@ def _training_figure(trajectories, optima, title):
             plots.theory_line(ax, [1, max(t.times[-1] for t in trajectories.values())], [value, value],
                               label=label, linestyle=style)
         plots.finish(ax, title, "training step", "risk", logx=True, logy=True)
-        _label_log_y(ax)
+        plots.show_all_log_ticks(ax)
         return fig
     return figure
 
@@ -625,7 +619,7 @@ def trained_h3_beats_attention(seed, steps, batch_size, n_prompts):
             plots.theory_line(axes[1], [1, run.times[-1]], [optimum, optimum], color=color,
                               label=f"$L^*$ {label}")
         plots.finish(axes[1], "Risk during training", "training step", "risk", logx=True, logy=True)
-        _label_log_y(axes[1])
+        plots.show_all_log_ticks(axes[1])
         return fig
 
     return Outcome(measured=dict(h3_gap=gap_h3.mean, attention_gap=gap_att.mean, filter_error=filter_error),
@@ -850,7 +844,7 @@ def trained_attention_rag(seed, steps, batch_size, n_prompts):
         plots.theory_line(ax, [1, run.times[-1]], [L_star, L_star], label="$L^*_{\\rm RAG}$")
         plots.finish(ax, "Linear attention on RAG prompts ($d = 5$, $n = 10$, $\\alpha = 0.5$)", "training step",
                      "risk", logx=True, logy=True)
-        _label_log_y(ax)
+        plots.show_all_log_ticks(ax)
         return fig
 
     return Outcome(measured=dict(risk_gap=gap.mean, off_identity=off_identity),
@@ -892,7 +886,7 @@ def rag_risk_floor(seed, d, n, n_prompts):
         plots.simulation_points(ax, [n], [mc.mean], [mc.standard_error], label="Monte Carlo (±2 SE)")
         plots.finish(ax, f"RAG risk floor ($d = {d}$, $\\alpha = {alpha}$)", "context length $n$", "risk",
                      logx=True, logy=True)
-        _label_log_y(ax)
+        plots.show_all_log_ticks(ax)
         return fig
 
     return Outcome(measured=dict(z_risk=z, risk_at_n=mc.mean, risk_at_1e7=far),
