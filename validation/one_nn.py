@@ -192,64 +192,94 @@ def asymptotic_constant(seed, d, N, xi1_values):
         notes="docs/one_nn.md §7: 1.031 at ξ₁ = 25 and 1.012 at ξ₁ = 100 for d = 4, N = 16.")
 
 
+# Family false-alarm probability of the two t-tests of full_gd_tracks_reduced (each at half of it).
+TRACKING_FAMILY_RATE = 1e-3
+
+
 @claim(
     "one_nn.full_gd_tracks_reduced",
     reference=f"{PAPER}: GD keeps W on diag(ξ₁I, 0, −ξ₂) (docs/one_nn.md §4)",
     statement="Full-matrix GD on W with fresh minibatches at small η stays on the manifold in expectation (the "
-              "symmetry-forbidden label→indicator entry averages to 0) and its ξ₁ follows reduced GD.",
-    quick=dict(eta=1.5, steps=60, batch_size=256, seeds=4),
+              "symmetry-forbidden label→indicator entry averages to 0) and its ξ₁ follows reduced GD, up to the "
+              "O(η/B) drift that minibatch noise adds, which vanishes as B → ∞.",
+    quick=dict(eta=1.5, steps=60, batch_size=256, seeds=8),
     full=dict(eta=1.5, steps=300, batch_size=1024, seeds=16),
 )
 def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
+    # The seed-mean of ξ₁ under minibatch GD sits below reduced GD by c/B (measured over 48 seeds at η = 1.5,
+    # 60 steps: −0.0076, −0.0043, −0.0020, −0.0003 at B = 256, 512, 1024, 4096, i.e. c ≈ −2): the second-order
+    # effect of the noise, the same in expectation for every seed. Runs at B and 2B extrapolate it away
+    # (Richardson in 1/B: 2·mean(2B) − mean(B)); what is left is O(1/B²).
     reduced = dyn.reduced_trajectory(EXAMPLE, eta, steps, n_records=10)
-    runs = [dyn.full_gd_trajectory(EXAMPLE, eta, steps, batch_size, seed=s, n_records=10) for s in seed.spawn(seeds)]
-    rows = []
-    for name, predicted in (("xi1", reduced.states["xi1"][-1]), ("xi2", reduced.states["xi2"][-1])):
-        values = np.array([run.states[name][-1] for run in runs])
-        se = values.std(ddof=1) / np.sqrt(seeds)
-        rows.append(dict(quantity=name, full_gd=values.mean(), standard_error=se, reduced_gd=predicted,
-                         z=(values.mean() - predicted) / se))
-    entries = np.array([run.metrics["label_indicator"][-1] for run in runs])
-    se = entries.std(ddof=1) / np.sqrt(seeds)
-    rows.append(dict(quantity="W[d, d+1]", full_gd=entries.mean(), standard_error=se, reduced_gd=0.0,
-                     z=entries.mean() / se))
-    checked = [r for r in rows if r["quantity"] != "xi2"]
-    xi2_row = rows[1]
-    ids = {"xi1": "xi1_final", "xi2": "xi2_final", "W[d, d+1]": "label_indicator_final"}
+    seeds_B, seeds_2B = seed.spawn(2)
+    runs = [dyn.full_gd_trajectory(EXAMPLE, eta, steps, batch_size, seed=s, n_records=10)
+            for s in seeds_B.spawn(seeds)]
+    runs_2B = [dyn.full_gd_trajectory(EXAMPLE, eta, steps, 2 * batch_size, seed=s, n_records=10)
+               for s in seeds_2B.spawn(seeds)]
+    xi1_B = np.array([run.states["xi1"][-1] for run in runs])
+    xi1_2B = np.array([run.states["xi1"][-1] for run in runs_2B])
+    var_B, var_2B = xi1_B.var(ddof=1) / seeds, 4 * xi1_2B.var(ddof=1) / seeds
+    extrapolated = 2 * xi1_2B.mean() - xi1_B.mean()
+    se_xi1 = math.sqrt(var_B + var_2B)
+    df_xi1 = (var_B + var_2B) ** 2 / (var_B**2 / (seeds - 1) + var_2B**2 / (seeds - 1))  # Welch–Satterthwaite
+    entries = np.array([run.metrics["label_indicator"][-1] for run in runs + runs_2B])
+    se_entry = entries.std(ddof=1) / math.sqrt(entries.size)
+    per_test = TRACKING_FAMILY_RATE / 2
+    rows = [dict(quantity="xi1 (B → ∞)", full_gd=extrapolated, standard_error=se_xi1,
+                 reduced_gd=reduced.states["xi1"][-1], df=df_xi1,
+                 critical=float(scipy_stats.t.isf(per_test / 2, df_xi1)),
+                 mean_at_B=xi1_B.mean(), mean_at_2B=xi1_2B.mean()),
+            dict(quantity="W[d, d+1]", full_gd=entries.mean(), standard_error=se_entry, reduced_gd=0.0,
+                 df=entries.size - 1, critical=float(scipy_stats.t.isf(per_test / 2, entries.size - 1)))]
+    for row in rows:
+        row["t"] = (row["full_gd"] - row["reduced_gd"]) / row["standard_error"]
+    xi2_runs = np.array([run.states["xi2"][-1] for run in runs])
+    xi2_reduced = reduced.states["xi2"][-1]
 
     def figure():
         fig, (ax_xi, ax_entry) = plots.figure(ncols=2, width=4.4)
-        xi1_runs = np.array([run.states["xi1"] for run in runs])
         plots.theory_line(ax_xi, reduced.times, reduced.states["xi1"], label="reduced GD (quadrature)")
-        plots.simulation_points(ax_xi, runs[0].times, xi1_runs.mean(axis=0),
-                                xi1_runs.std(axis=0, ddof=1) / np.sqrt(seeds),
-                                label=f"full GD, mean of {seeds} seeds (±2 SE)")
-        plots.finish(ax_xi, rf"$\xi_1$ under GD, $\eta = {eta:g}$, $B = {batch_size}$", "step", r"$\xi_1$")
-        entries_t = np.array([run.metrics["label_indicator"] for run in runs])
+        for group, B, color in ((runs, batch_size, "C0"), (runs_2B, 2 * batch_size, "C1")):
+            xi1_runs = np.array([run.states["xi1"] for run in group])
+            plots.simulation_points(ax_xi, group[0].times, xi1_runs.mean(axis=0),
+                                    xi1_runs.std(axis=0, ddof=1) / np.sqrt(seeds), color=color,
+                                    label=f"full GD, $B = {B}$, mean of {seeds} seeds (±2 SE)")
+        ax_xi.errorbar([steps], [extrapolated], yerr=[2 * se_xi1], marker="*", markersize=9, color="C3",
+                       linestyle="none", capsize=3, label=r"extrapolated to $B \to \infty$ (±2 SE)")
+        plots.finish(ax_xi, rf"$\xi_1$ under GD, $\eta = {eta:g}$", "step", r"$\xi_1$")
+        plots.legend_below(ax_xi)
+        entries_t = np.array([run.metrics["label_indicator"] for run in runs + runs_2B])
         plots.theory_line(ax_entry, runs[0].times, np.zeros(runs[0].times.size), label="0 by symmetry")
         plots.simulation_points(ax_entry, runs[0].times, entries_t.mean(axis=0),
-                                entries_t.std(axis=0, ddof=1) / np.sqrt(seeds), label="full GD (±2 SE)")
+                                entries_t.std(axis=0, ddof=1) / np.sqrt(entries.size),
+                                label=f"full GD, {entries.size} runs (±2 SE)")
         plots.finish(ax_entry, "Symmetry-forbidden entry", "step", r"$W_{d,\,d+1}$")
+        plots.legend_below(ax_entry)
         return fig
 
     return Outcome(
-        measured={ids[r["quantity"]]: r["full_gd"] for r in rows},
-        predicted={ids[r["quantity"]]: r["reduced_gd"] for r in rows},
-        labels={"xi1_final": "ξ₁ at the end: full GD / reduced", "xi2_final": "ξ₂ at the end: full GD / reduced",
-                "label_indicator_final": "W[d, d+1] at the end: full GD / 0"},
-        # a z with the standard error of a few seeds is t-distributed (seeds − 1 degrees of freedom)
-        false_fail_rate=len(checked) * 2 * float(scipy_stats.t.sf(Z_TOLERANCE, seeds - 1)),
+        measured={"xi1_final": extrapolated, "label_indicator_final": entries.mean(),
+                  "xi1_final_at_batch_size": float(xi1_B.mean()), "xi2_final": float(xi2_runs.mean())},
+        predicted={"xi1_final": reduced.states["xi1"][-1], "label_indicator_final": 0.0,
+                   "xi2_final": xi2_reduced},
+        labels={"xi1_final": "ξ₁ at the end: full GD extrapolated to B → ∞ / reduced GD",
+                "label_indicator_final": "W[d, d+1] at the end: full GD / 0",
+                "xi1_final_at_batch_size": f"ξ₁ at the end at B = {batch_size} (before extrapolation)",
+                "xi2_final": "ξ₂ at the end: full GD / reduced (reported, not tested)"},
+        false_fail_rate=TRACKING_FAMILY_RATE,
         figure=figure,
-        tolerance=f"|z| < {Z_TOLERANCE:g} for ξ₁ and for W[d, d+1] (0 by symmetry) after {steps} steps",
-        basis=f"{Z_TOLERANCE:g} standard errors over {seeds} minibatch seeds (z is t-distributed with {seeds - 1} "
-              f"degrees of freedom: two-sided false-alarm probability {2 * scipy_stats.t.sf(Z_TOLERANCE, seeds - 1):.1g} "
-              "per comparison)",
-        passed=all(abs(r["z"]) < Z_TOLERANCE for r in checked), details=rows,
-        notes=f"ξ₂ is reported, not tested: its gradient is ~e^(-2σ) tiny here, so the O(noise²) effect of the "
-              f"off-manifold entries on it is visible: full GD {xi2_row['full_gd']:.9g} vs reduced "
-              f"{xi2_row['reduced_gd']:.9g} (z = {xi2_row['z']:.1f}; both within {abs(xi2_row['reduced_gd'] - EXAMPLE.sigma):.1e} "
-              f"of σ). Mean off-manifold norm ‖W − P(W)‖_F at the end: "
-              f"{np.mean([run.metrics['off_manifold'][-1] for run in runs]):.3g} (minibatch noise).")
+        tolerance=(f"|t| below the t quantile for each of ξ₁ (extrapolated from B = {batch_size} and "
+                   f"{2 * batch_size}) and W[d, d+1], after {steps} steps"),
+        basis=(f"Student t: ξ₁ with Welch–Satterthwaite degrees of freedom ({df_xi1:.1f}) from {seeds} seeds at "
+               f"each batch size, W[d, d+1] with {entries.size - 1}; two-sided {per_test:.1g} each, "
+               f"{TRACKING_FAMILY_RATE:g} for the pair"),
+        passed=all(abs(r["t"]) < r["critical"] for r in rows), details=rows,
+        notes=(f"Minibatch noise lowers the mean of ξ₁ by about 2/B (docs/one_nn.md §4): at B = {batch_size} the "
+               f"seed-mean is {xi1_B.mean():.6g} against reduced GD's {reduced.states['xi1'][-1]:.6g}; the claim "
+               "tests the extrapolation to B → ∞. ξ₂ is reported, not tested: its gradient is ~e^(-2σ) tiny here, "
+               f"so the O(noise²) effect of the off-manifold entries on it is visible: full GD "
+               f"{xi2_runs.mean():.9g} vs reduced {xi2_reduced:.9g}. Mean off-manifold norm ‖W − P(W)‖_F at the "
+               f"end: {np.mean([run.metrics['off_manifold'][-1] for run in runs]):.3g} (minibatch noise)."))
 
 
 @claim(
