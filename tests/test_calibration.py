@@ -53,3 +53,31 @@ def test_cli_prints_the_rate_and_exits_by_the_verdict(tmp_path, capsys):
     assert main(["calibrate", "gd_beta", "--seeds", "2"]) == 2  # a system is not one claim
     assert main(["calibrate", CLAIM, "--seeds", "0"]) == 2
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_table_keeps_a_row_per_stochastic_claim_and_skips_deterministic_ones(tmp_path, capsys):
+    table = tmp_path / "calibration.md"
+    arguments = ["calibrate", "--table", str(table), CLAIM, "attention_svm.single_input_svm", "--seeds", "2",
+                 "--jobs", "1", "--store", str(tmp_path / "store"), "--no-progress"]
+    assert main(arguments) == 0
+    captured = capsys.readouterr()
+    assert "attention_svm.single_input_svm: deterministic" in captured.err
+    rows = calibration.read_table(table)
+    assert list(rows) == [CLAIM]
+    row = rows[CLAIM]
+    assert (row["seeds"], row["alarms"], row["calibrated"], row["seed"]) == (2, 0, True, 0)
+    assert row["nominal"] > 0 and len(row["code"]) == 16
+    text = table.read_text()
+    assert f"| `{CLAIM}` | 2 | 0 | 0 |" in text and "1 of 1 claims calibrated" in text
+    assert main(arguments) == 0  # a rerun resumes from the store and rewrites the same row
+    assert calibration.read_table(table) == rows
+
+
+def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
+    table = tmp_path / "calibration.md"
+    table.with_suffix(".json").write_text("{truncated")
+    assert main(["calibrate", "--table", str(table), CLAIM, "--seeds", "2", "--store", str(tmp_path)]) == 2
+    assert "calibration.json cannot be read" in capsys.readouterr().err
+    assert table.with_suffix(".json").read_text() == "{truncated"
+    assert main(["calibrate", "--table", str(table), "--json", CLAIM]) == 2
+    assert main(["calibrate", CLAIM, "gd_beta.lsa_gap"]) == 2  # several claims need a table

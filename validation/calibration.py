@@ -7,17 +7,25 @@ registered one is Binomial(N, rate). The exact Clopper–Pearson interval for th
 nominal one: a claim is calibrated when the interval does not lie wholly above the nominal rate and the point
 estimate is at most the nominal rate or 1%, whichever is larger (a rate far below 1% cannot be resolved by a few
 hundred seeds, so 1% is the resolution asked of them). An ERROR is counted as a false alarm and listed.
+
+A calibration table (docs/calibration.md, with its machine-readable twin docs/calibration.json) collects one
+entry per stochastic claim; :func:`write_table` rewrites both after every claim, so a long run loses nothing.
 """
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from attnflow import seeding
 
 from . import sweep, systems
 from .stats import clopper_pearson
 
-__all__ = ["Calibration", "calibrate", "RESOLUTION"]
+__all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table", "table_entry",
+           "render_table"]
 
 RESOLUTION = 0.01  # the smallest false-FAIL rate a calibration is asked to resolve
 LEVEL = 0.95
@@ -34,6 +42,7 @@ class Calibration:
     high: float
     computed: int
     reused: int
+    seconds: float = 0.0  # mean wall time of one seed
 
     @property
     def rate(self) -> float:
@@ -47,7 +56,7 @@ class Calibration:
     def as_dict(self) -> dict:
         return dict(claim=self.claim, seeds=self.seeds, alarms=self.alarms, errors=self.errors, rate=self.rate,
                     interval=[self.low, self.high], level=LEVEL, nominal=self.nominal, calibrated=self.calibrated,
-                    computed=self.computed, reused=self.reused)
+                    computed=self.computed, reused=self.reused, seconds_per_seed=round(self.seconds, 3))
 
 
 def calibrate(claim: str, *, seeds: int, master_seed: seeding.SeedLike, store=None, n_jobs: int = -1,
@@ -72,4 +81,117 @@ def calibrate(claim: str, *, seeds: int, master_seed: seeding.SeedLike, store=No
     low, high = clopper_pearson(alarms, len(statuses), LEVEL)
     return Calibration(claim=found.name, seeds=len(statuses), alarms=alarms,
                        errors=sum(status == "ERROR" for status in statuses), nominal=rates.pop() if rates else None,
-                       low=low, high=high, computed=result.computed, reused=result.reused)
+                       low=low, high=high, computed=result.computed, reused=result.reused,
+                       seconds=sum(r["seconds"] for r in result.records) / len(result.records))
+
+
+def depends_on_seed(claim: str, *, master_seed: seeding.SeedLike, store=None, n_jobs: int = -1,
+                    scheduler: str | None = None) -> bool:
+    """Whether ``claim`` measures different numbers at the first two seeds of a calibration (a check that does
+    not is deterministic and has no false-FAIL rate to measure). The two seeds are the calibration's own seeds 0
+    and 1, so with a store a later calibration reuses them."""
+    result = sweep.run_replicates(claim, {}, master_seed=master_seed, seeds=2, store=store, n_jobs=n_jobs,
+                                  scheduler=scheduler)
+    first, second = (record["result"] for record in result.records)  # status, rate and measured numbers
+    return first != second
+
+
+# ==================================================================================================
+# The calibration table
+# ==================================================================================================
+
+TABLE_SCHEMA = "attnflow.calibration-table/1"
+
+
+def table_entry(found: Calibration, *, seed: int) -> dict:
+    """One row of the table: the calibration, the seed it ran from, and the fingerprint of the code that ran it
+    (the claim's module and what it imports from attnflow; see :mod:`attnflow.validation.fingerprint`)."""
+    entry = found.as_dict()
+    for transient in ("computed", "reused"):
+        entry.pop(transient)
+    return dict(entry, seed=seed, code=sweep.target_fingerprint(found.claim))
+
+
+def _sidecar(markdown: Path) -> Path:
+    return markdown.with_suffix(".json")
+
+
+def read_table(markdown) -> dict[str, dict]:
+    """The entries (claim -> row) of the table at ``markdown``, read from its JSON twin; empty when there is none.
+
+    A twin that cannot be read is an error naming the file, never an empty table written over it."""
+    path = _sidecar(Path(markdown))
+    if not path.exists():
+        return {}
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"the calibration table {path} cannot be read ({type(error).__name__}: {error}); "
+                         "move it aside to start a new one") from None
+    if not isinstance(document, dict) or document.get("schema") != TABLE_SCHEMA \
+            or not isinstance(document.get("claims"), list):
+        raise ValueError(f"{path} is not a calibration table (schema {TABLE_SCHEMA}); move it aside")
+    return {entry["claim"]: entry for entry in document["claims"]}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        stream.write(text)
+    os.replace(temporary, path)
+
+
+def write_table(markdown, entries: dict[str, dict]) -> None:
+    """Write the table (Markdown) and its JSON twin, rows sorted by claim, each file replaced atomically."""
+    markdown = Path(markdown)
+    rows = [entries[name] for name in sorted(entries)]
+    _write_atomically(_sidecar(markdown), json.dumps(dict(schema=TABLE_SCHEMA, claims=rows), indent=1,
+                                                     allow_nan=False) + "\n")
+    _write_atomically(markdown, render_table(rows))
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.2g}%" if value else "0"
+
+
+def render_table(rows: list[dict]) -> str:
+    """docs/calibration.md: how the table is made, then one row per stochastic claim."""
+    calibrated = sum(row["calibrated"] for row in rows)
+    lines = [
+        "# Calibration: how often each stochastic claim fails when the theory holds",
+        "",
+        "Every claim whose verdict depends on its seed states a nominal false-FAIL rate (`false_fail_rate` in",
+        "`attnflow check --json`), derived from its tolerance's statistical basis. Each row below ran that claim at",
+        "its quick setting over independent seeds (seed i of the calibration is child i of the calibration's",
+        "`numpy.random.SeedSequence`) and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or",
+        "a registered finding that did not reproduce. The count is Binomial(seeds, rate); the interval is the exact",
+        f"{LEVEL:.0%} Clopper–Pearson interval. A claim is **calibrated** when that interval does not lie wholly",
+        f"above its nominal rate and the measured rate is at most the nominal rate or {RESOLUTION:.0%}, whichever is",
+        "larger (a few hundred seeds cannot resolve rates far below 1%). A claim that states no rate (`—`: a",
+        "threshold on a random instance that the paper says holds on every instance) is calibrated only when none of",
+        "its seeds fails. A claim that measures the same numbers at two seeds is deterministic and not listed.",
+        "",
+        "Regenerate a row (or the whole table, without names) with",
+        "",
+        "```",
+        "attnflow calibrate --table docs/calibration.md [CLAIM or SYSTEM ...] --seeds 200",
+        "```",
+        "",
+        "which resumes from its store after an interruption and rewrites this file and docs/calibration.json after",
+        "every claim. `code` is the fingerprint of the source that computed the row (the claim's module and the",
+        "attnflow modules it imports): a row whose fingerprint differs from the current code's is stale.",
+        "",
+        f"{calibrated} of {len(rows)} claims calibrated.",
+        "",
+        "| claim | seeds | not as registered | rate | 95% interval | nominal | verdict | s / seed | code |",
+        "|---|---:|---:|---:|---|---:|---|---:|---|",
+    ]
+    for row in rows:
+        low, high = row["interval"]
+        errors = f" ({row['errors']} ERROR)" if row["errors"] else ""
+        nominal = "—" if row["nominal"] is None else f"{row['nominal']:.2g}"
+        verdict = "calibrated" if row["calibrated"] else "**MISCALIBRATED**"
+        lines.append(f"| `{row['claim']}` | {row['seeds']} | {row['alarms']}{errors} | {_percent(row['rate'])} | "
+                     f"[{_percent(low)}, {_percent(high)}] | {nominal} | {verdict} | {row['seconds_per_seed']:.3g} | "
+                     f"`{row['code'][:8]}` |")
+    return "\n".join(lines) + "\n"

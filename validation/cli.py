@@ -6,6 +6,7 @@
     attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--describe]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
     attnflow calibrate CLAIM [--seeds N] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--json]
+    attnflow calibrate --table FILE.md [CLAIM or SYSTEM ...] [--seeds N] ...
 
 ``solve`` and ``simulate`` work for every registered system (attnflow.validation.systems): ``--param`` takes the
 Problem's parameters and the options of the population dynamics (solve) or of the minibatch algorithm
@@ -72,7 +73,11 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     calibrate = sub.add_parser("calibrate", help="a claim's false-FAIL rate over many seeds against its nominal rate")
-    calibrate.add_argument("claim", help="one claim, e.g. gd_beta.risk_formula")
+    calibrate.add_argument("claims", nargs="*", metavar="CLAIM",
+                           help="one claim, e.g. gd_beta.risk_formula; with --table, claims or systems (default all)")
+    calibrate.add_argument("--table", metavar="FILE.md",
+                           help="calibrate every claim named that depends on its seed (others are skipped) and keep the "
+                                "rows in this Markdown table and its .json twin, rewritten after every claim")
     calibrate.add_argument("--seeds", type=int, default=200, help="independent seeds (default 200)")
     calibrate.add_argument("--seed", type=int, default=0, help="seed of the calibration (replicate i takes child i)")
     calibrate.add_argument("--jobs", type=int, default=-1, help="joblib workers (default: all cores)")
@@ -182,8 +187,13 @@ def _command_calibrate(args) -> int:
 
     _check_seed(args.seed)
     _check_output_folder(args.store, "--store")
-    store = f"{args.store.rstrip('/')}/{args.claim.replace('-', '_')}"
-    found = calibration.calibrate(args.claim, seeds=args.seeds, master_seed=args.seed, store=store,
+    if args.table is not None:
+        return _calibrate_table(args)
+    if len(args.claims) != 1:
+        raise ValueError("calibrate one claim (e.g. gd_beta.risk_formula), or several with --table FILE.md")
+    claim = args.claims[0]
+    store = f"{args.store.rstrip('/')}/{claim.replace('-', '_')}"
+    found = calibration.calibrate(claim, seeds=args.seeds, master_seed=args.seed, store=store,
                                   n_jobs=args.jobs, scheduler=args.scheduler,
                                   progress=wanted(quiet=args.no_progress or args.json))
     if args.json:
@@ -191,13 +201,45 @@ def _command_calibrate(args) -> int:
                                                         attnflow_version=report.version(), seed=args.seed,
                                                         **found.as_dict())), indent=2))
     else:
-        nominal = "none stated (deterministic)" if found.nominal is None else f"{found.nominal:.3g}"
-        verdict = "calibrated" if found.calibrated else "MISCALIBRATED"
-        print(f"{found.claim}: {found.alarms} of {found.seeds} seeds not as registered ({found.errors} errors); "
-              f"false-FAIL rate {found.rate:.3g}, {calibration.LEVEL:.0%} Clopper–Pearson [{found.low:.3g}, "
-              f"{found.high:.3g}]; nominal {nominal}: {verdict}")
+        print(_calibration_line(found))
     print(f"computed {found.computed} seeds, reused {found.reused} from {store}", file=sys.stderr)
     return 0 if found.calibrated else 1
+
+
+def _calibration_line(found) -> str:
+    from . import calibration
+
+    nominal = "none stated (deterministic)" if found.nominal is None else f"{found.nominal:.3g}"
+    verdict = "calibrated" if found.calibrated else "MISCALIBRATED"
+    return (f"{found.claim}: {found.alarms} of {found.seeds} seeds not as registered ({found.errors} errors); "
+            f"false-FAIL rate {found.rate:.3g}, {calibration.LEVEL:.0%} Clopper–Pearson [{found.low:.3g}, "
+            f"{found.high:.3g}]; nominal {nominal}: {verdict}")
+
+
+def _calibrate_table(args) -> int:
+    """Calibrate each stochastic claim named and merge its row into the table as soon as it is done."""
+    from . import calibration
+
+    if args.json:
+        raise ValueError(f"--json prints one claim's calibration; the table's JSON twin is written beside {args.table}")
+    _check_output_file(args.table, "--table")
+    entries = calibration.read_table(args.table)  # an unreadable table stops here, before any work
+    chosen = systems.select(args.claims or None)
+    all_calibrated = True
+    for claim in chosen:
+        store = f"{args.store.rstrip('/')}/{claim.name}"
+        options = dict(master_seed=args.seed, store=store, n_jobs=args.jobs, scheduler=args.scheduler)
+        # Two seeds say whether the claim depends on its seed at all; the store keeps them for the full run.
+        if not calibration.depends_on_seed(claim.name, **options):
+            print(f"{claim.name}: deterministic (the same numbers at two seeds), not calibrated", file=sys.stderr)
+            continue
+        found = calibration.calibrate(claim.name, seeds=args.seeds, progress=wanted(quiet=args.no_progress),
+                                      **options)
+        entries[claim.name] = calibration.table_entry(found, seed=args.seed)
+        calibration.write_table(args.table, entries)
+        all_calibrated &= found.calibrated
+        print(_calibration_line(found), flush=True)
+    return 0 if all_calibrated else 1
 
 
 def _command_sweep(args) -> int:
