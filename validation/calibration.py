@@ -3,7 +3,8 @@
 A stochastic claim states its nominal false-FAIL rate (``Outcome.false_fail_rate``, from its tolerance's
 statistical basis). Run over N independent seeds (replicate i takes child i of the calibration seed, on the sweep
 machinery, so the run is resumable and parallel with joblib or Dask), the number of outcomes that are not the
-registered one is Binomial(N, rate). The exact Clopper–Pearson interval for that rate is set against the
+registered one is Binomial(N, rate) (when the stated rate depends on the random instance, the nominal rate is its
+mean over the seeds: the probability that a random seed fails). The exact Clopper–Pearson interval for that rate is set against the
 nominal one: a claim is calibrated when the interval does not lie wholly above the nominal rate and the point
 estimate is at most the nominal rate or 1%, whichever is larger (a rate far below 1% cannot be resolved by a few
 hundred seeds, so 1% is the resolution asked of them). An ERROR is counted as a false alarm and listed.
@@ -43,6 +44,7 @@ class Calibration:
     computed: int
     reused: int
     seconds: float = 0.0  # mean wall time of one seed
+    code: str = ""  # fingerprint of the code that computed the seeds (validation/fingerprint.py)
 
     @property
     def rate(self) -> float:
@@ -75,14 +77,19 @@ def calibrate(claim: str, *, seeds: int, master_seed: seeding.SeedLike, store=No
     statuses = [r["result"]["status"] for r in result.records]
     registered = {"FINDING"} if found.finding else {"PASS"}
     alarms = sum(status not in registered for status in statuses)
-    rates = {r["result"].get("false_fail_rate") for r in result.records} - {None}
-    if len(rates) > 1:
-        raise ValueError(f"{found.name} stated different nominal rates across seeds: {sorted(rates)}")
+    rates = [r["result"].get("false_fail_rate") for r in result.records]
+    stated = [rate for rate in rates if rate is not None]
+    if stated and len(stated) != len(rates):
+        raise ValueError(f"{found.name} stated a nominal rate at some seeds and none at others")
+    # A claim whose number of tests depends on its random instance states a rate per seed; the probability that
+    # a random seed fails is then the mean of those rates.
+    nominal = sum(stated) / len(stated) if stated else None
     low, high = clopper_pearson(alarms, len(statuses), LEVEL)
     return Calibration(claim=found.name, seeds=len(statuses), alarms=alarms,
-                       errors=sum(status == "ERROR" for status in statuses), nominal=rates.pop() if rates else None,
+                       errors=sum(status == "ERROR" for status in statuses), nominal=nominal,
                        low=low, high=high, computed=result.computed, reused=result.reused,
-                       seconds=sum(r["seconds"] for r in result.records) / len(result.records))
+                       seconds=sum(r["seconds"] for r in result.records) / len(result.records),
+                       code=result.records[0]["code"])
 
 
 def depends_on_seed(claim: str, *, master_seed: seeding.SeedLike, store=None, n_jobs: int = -1,
@@ -109,7 +116,7 @@ def table_entry(found: Calibration, *, seed: int) -> dict:
     entry = found.as_dict()
     for transient in ("computed", "reused"):
         entry.pop(transient)
-    return dict(entry, seed=seed, code=sweep.target_fingerprint(found.claim))
+    return dict(entry, seed=seed, code=found.code)
 
 
 def _sidecar(markdown: Path) -> Path:

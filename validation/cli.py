@@ -209,7 +209,7 @@ def _command_calibrate(args) -> int:
 def _calibration_line(found) -> str:
     from . import calibration
 
-    nominal = "none stated (deterministic)" if found.nominal is None else f"{found.nominal:.3g}"
+    nominal = "none stated (must not fail)" if found.nominal is None else f"{found.nominal:.3g}"
     verdict = "calibrated" if found.calibrated else "MISCALIBRATED"
     return (f"{found.claim}: {found.alarms} of {found.seeds} seeds not as registered ({found.errors} errors); "
             f"false-FAIL rate {found.rate:.3g}, {calibration.LEVEL:.0%} Clopper–Pearson [{found.low:.3g}, "

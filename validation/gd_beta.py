@@ -10,7 +10,7 @@ from attnflow.closed_forms import gd_beta as cf
 from attnflow.closed_forms.gd_beta import GDBetaProblem
 from attnflow.dynamics import gd_beta as dyn
 
-from . import plots
+from . import plots, stats
 from .claims import Outcome, ScalingLaw, claim, observable
 from .systems import Parameter, System
 from .stats import Z_TOLERANCE, fit_exponential_rate, ratio_standard_error, two_sided_p, z_basis
@@ -739,22 +739,30 @@ def minibatch_gradient_deviation(seed, batch_size, d, N):
                 batch_loss=float(loss), population_risk=float(cf.icl_risk(problem, beta0, Gamma)))
 
 
+# Two-sided level of the exponent interval of minibatch_gradient_scaling: nominal false-FAIL rate 1e-3.
+SCALING_LEVEL = 0.999
+
+
 @claim(
     "gd_beta.minibatch_gradient_scaling",
     reference=f"{PAPER}: population gradient flow (Lemma G.2) as the limit of minibatch training",
     statement="The minibatch gradient on B fresh prompts is an unbiased estimate of the closed-form population "
               "gradient: its mean squared deviation scales as B^-1 (deviation ∝ B^-1/2), fitted over a sweep in B "
               "with a bootstrap interval over seeds.",
-    quick=dict(batch_sizes=(16, 64, 256, 1024), seeds=16),
-    full=dict(batch_sizes=(16, 64, 256, 1024, 4096, 16384), seeds=64),
+    quick=dict(batch_sizes=(256, 1024, 4096), seeds=32),
+    full=dict(batch_sizes=(256, 1024, 4096, 16384), seeds=128),
 )
 def minibatch_gradient_scaling(seed, batch_sizes, seeds):
-    from .sweep import run_sweep, scaling_fit
+    # The squared deviation is a heavy-tailed quadratic in the prompts (eighth moments of Gaussians), so at small B
+    # its seed-mean is skewed: a percentile bootstrap over 16 seeds at B = 16…1024 failed 8.9% of seeds against a
+    # stated 5%, the interval above −1 when the small-B mean came out low. From B = 256 the mean is near-normal and
+    # the delta-method t interval over paired seeds is calibrated (docs/gd_beta.md §9).
+    from .sweep import run_sweep
 
     result = run_sweep("gd_beta.minibatch_gradient_deviation", {"batch_size": list(batch_sizes)}, seeds=seeds,
                        master_seed=seed, n_jobs=1)
-    fit = scaling_fit(result)
     x, y = result.values("squared_deviation", "batch_size")
+    fit = stats.fit_exponent_t(x, y, level=SCALING_LEVEL)
     means, ses = y.mean(axis=1), y.std(axis=1, ddof=1) / np.sqrt(seeds)
 
     def figure():
@@ -770,10 +778,10 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
         measured={"exponent": fit.estimate, "interval_low": fit.low, "interval_high": fit.high},
         predicted={"exponent": GRADIENT_LAW.exponent},
         labels={"exponent": "exponent of E‖ĝ_B − ∇R‖² in B: fitted / theorem",
-                "interval_low": f"{fit.level:.0%} interval low", "interval_high": f"{fit.level:.0%} interval high"},
+                "interval_low": f"{fit.level:.1%} interval low", "interval_high": f"{fit.level:.1%} interval high"},
         false_fail_rate=1 - fit.level,
-        tolerance=f"the theorem's exponent −1 lies in the {fit.level:.0%} bootstrap interval",
-        basis=f"expanded-percentile bootstrap over {seeds} seeds ({fit.n_boot} resamples; Hesterberg 2015)",
+        tolerance=f"the theorem's exponent −1 lies in the {fit.level:.1%} interval",
+        basis=f"{fit.method} ({seeds} seeds, each drawing the batch at every B: a paired design)",
         passed=fit.contains(GRADIENT_LAW.exponent),
         details=[dict(batch_size=int(b), mean_squared_deviation=m, standard_error=s) for b, m, s in zip(x, means, ses)],
         figure=figure)

@@ -14,7 +14,7 @@ from attnflow.dynamics import one_nn as dyn
 from . import plots
 from .claims import Outcome, claim
 from .systems import Parameter, System
-from .stats import Z_TOLERANCE, fit_power_law, two_sided_p, z_basis
+from .stats import Z_TOLERANCE, fit_power_law, richardson_in_batch, two_sided_p, z_basis
 
 PAPER = "Li, Cao, Gao, He, Liu, Klusowski, Fan & Wang, NeurIPS 2024 (arXiv:2411.10830)"
 # The worked example of docs/one_nn.md §7: d = 4, N = 16, σ = 10, η = 200.
@@ -218,16 +218,14 @@ def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
                for s in seeds_2B.spawn(seeds)]
     xi1_B = np.array([run.states["xi1"][-1] for run in runs])
     xi1_2B = np.array([run.states["xi1"][-1] for run in runs_2B])
-    var_B, var_2B = xi1_B.var(ddof=1) / seeds, 4 * xi1_2B.var(ddof=1) / seeds
-    extrapolated = 2 * xi1_2B.mean() - xi1_B.mean()
-    se_xi1 = math.sqrt(var_B + var_2B)
-    df_xi1 = (var_B + var_2B) ** 2 / (var_B**2 / (seeds - 1) + var_2B**2 / (seeds - 1))  # Welch–Satterthwaite
+    xi1 = richardson_in_batch(xi1_B, xi1_2B)
+    extrapolated, se_xi1, df_xi1 = xi1.estimate, xi1.standard_error, xi1.df
     entries = np.array([run.metrics["label_indicator"][-1] for run in runs + runs_2B])
     se_entry = entries.std(ddof=1) / math.sqrt(entries.size)
     per_test = TRACKING_FAMILY_RATE / 2
     rows = [dict(quantity="xi1 (B → ∞)", full_gd=extrapolated, standard_error=se_xi1,
                  reduced_gd=reduced.states["xi1"][-1], df=df_xi1,
-                 critical=float(scipy_stats.t.isf(per_test / 2, df_xi1)),
+                 critical=xi1.critical(per_test),
                  mean_at_B=xi1_B.mean(), mean_at_2B=xi1_2B.mean()),
             dict(quantity="W[d, d+1]", full_gd=entries.mean(), standard_error=se_entry, reduced_gd=0.0,
                  df=entries.size - 1, critical=float(scipy_stats.t.isf(per_test / 2, entries.size - 1)))]
