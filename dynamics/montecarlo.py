@@ -19,11 +19,12 @@ __all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_ri
 
 @dataclass(frozen=True)
 class MonteCarloMean:
-    """A sample mean with its standard error and sample count."""
+    """A sample mean with its standard error and sample count (and, where computed, the samples' skewness)."""
 
     mean: float
     standard_error: float
     n: int
+    skewness: float | None = None  # of one sample; the mean's is skewness/√n
 
     def z_score(self, predicted: float) -> float:
         """(mean − predicted) / SE; ±inf when SE = 0 and they differ."""

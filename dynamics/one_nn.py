@@ -96,17 +96,21 @@ def monte_carlo_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, *, s
     n = check.integer(n, "n", minimum=2)
     d = problem.d
     W = manifold_weight(d, xi1, xi2)
-    sums = np.zeros(3)
-    squares = np.zeros(3)
+    powers = np.zeros((3, 3))  # sums of values, squares and cubes of the three quantities
     sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
     for rng, size in zip(generators(seed, len(sizes)), sizes):
         loss, grad = per_prompt_loss_and_gradient(sample_prompts(problem, size, rng), W)
         values = np.stack([loss, np.trace(grad[:, :d, :d], axis1=1, axis2=2), -grad[:, d + 1, d + 1]])
-        sums += values.sum(axis=1)
-        squares += (values**2).sum(axis=1)
-    means = sums / n
-    ses = np.sqrt(np.maximum(squares / n - means**2, 0.0) * n / (n - 1) / n)
-    return {name: MonteCarloMean(float(m), float(s), n) for name, m, s in zip(("loss", "d_xi1", "d_xi2"), means, ses)}
+        powers += np.stack([values.sum(axis=1), (values**2).sum(axis=1), (values**3).sum(axis=1)])
+    means, second, third = powers / n
+    variances = np.maximum(second - means**2, 0.0)
+    ses = np.sqrt(variances * n / (n - 1) / n)
+    # Skewness of one prompt's value: at large ξ the gradient comes from rare prompts, and the mean of a few
+    # thousand is far from normal (docs/one_nn.md §10).
+    central_third = third - 3 * means * second + 2 * means**3
+    skews = [float(c / v**1.5) if v > 0 else 0.0 for c, v in zip(central_third, variances)]
+    return {name: MonteCarloMean(float(m), float(s), n, skew)
+            for name, m, s, skew in zip(("loss", "d_xi1", "d_xi2"), means, ses, skews)}
 
 
 # ==================================================================================================

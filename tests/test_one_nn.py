@@ -221,3 +221,33 @@ def test_degenerate_but_valid_points_get_their_limit_values_and_huge_grids_are_r
     assert near[0] == 0.5 and abs(near[1]) < 1e-300 and abs(near[2]) < 1e-300  # continuous with the limit
     with pytest.raises(ValueError, match=r"xi1 = 1e\+08 needs a quadrature grid .*MAX_THETA_NODES"):
         cf.reduced_loss_adaptive(problem, 1e8, 0.0)
+
+
+def test_monte_carlo_moments_equal_those_of_the_prompts_themselves():
+    """Mean, standard error and skewness from the running sums equal numpy/scipy on the same per-prompt values."""
+    from scipy import stats as scipy_stats
+
+    from attnflow import seeding
+
+    problem = OneNNProblem(4, 16)
+    mc = dyn.monte_carlo_loss(problem, 12.0, 10.0, 4000, seed=3, chunk=4000)
+    (rng,) = seeding.generators(3, 1)
+    loss, grad = dyn.per_prompt_loss_and_gradient(dyn.sample_prompts(problem, 4000, rng),
+                                                  dyn.manifold_weight(4, 12.0, 10.0))
+    values = {"loss": loss, "d_xi1": np.trace(grad[:, :4, :4], axis1=1, axis2=2), "d_xi2": -grad[:, 5, 5]}
+    for name, v in values.items():
+        assert mc[name].mean == pytest.approx(v.mean(), rel=1e-12)
+        assert mc[name].standard_error == pytest.approx(v.std(ddof=1) / math.sqrt(v.size), rel=1e-9)
+        assert mc[name].skewness == pytest.approx(scipy_stats.skew(v), rel=1e-6)
+
+
+def test_skewed_points_get_enough_prompts_for_a_normal_mean():
+    from attnflow.dynamics.montecarlo import MonteCarloMean
+    from attnflow.validation import one_nn as claims
+
+    mild = [MonteCarloMean(0.0, 1.0, 100, skewness=s) for s in (0.5, -2.0)]
+    assert claims.prompts_for_normal_mean(mild, 30_000) == 30_000  # (2/0.1)² = 400 < 30 000
+    heavy = [MonteCarloMean(0.0, 1.0, 100, skewness=-76.0)]
+    assert claims.prompts_for_normal_mean(heavy, 30_000) == math.ceil((76 / claims.MAX_MEAN_SKEWNESS) ** 2)
+    extreme = [MonteCarloMean(0.0, 1.0, 100, skewness=1e6)]
+    assert claims.prompts_for_normal_mean(extreme, 30_000) == claims.MAX_PROMPTS

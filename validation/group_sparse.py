@@ -14,7 +14,7 @@ from attnflow.dynamics import group_sparse as dyn
 from . import plots
 from .claims import Outcome, claim
 from .systems import Parameter, System
-from .stats import Z_TOLERANCE, fit_power_law, z_basis
+from .stats import Z_TOLERANCE, fit_power_law, richardson_in_batch, z_basis
 
 PAPER = "Zhang, Meng & Cao, ICLR 2025 (arXiv:2504.08638)"
 EXAMPLE = GroupSparseProblem.standard(d=4, D=6, j_star=2)  # the paper's (d, D) = (4, 6), j* = 2
@@ -100,41 +100,59 @@ def position_only_matches_monte_carlo(seed, points, n_samples, chunks):
         notes="The quadrature's own error (<= 3e-6 relative at these points) is far below the Monte-Carlo SE.")
 
 
+# Family false-alarm probability of the two t-tests of reduced_matches_full_gd (each at half of it).
+REDUCTION_FAMILY_RATE = 1e-3
+
+
 @claim(
     "group_sparse.reduced_matches_full_gd",
     reference=f"{PAPER}: GD of docs/group_sparse.md §2; the symmetry reduction of docs/group_sparse.md §5 and the (β, α) map of docs/group_sparse.md §6 (ours)",
     statement="With sign-symmetrised batches, full GD keeps v₂ = 0, W₁₂ = W₂₁ = 0 and every W₂₂ column sum at 0 to "
               "round-off, and v₁ ∥ v* up to noise; the position-only full GD (v, W₂₂ trained) follows the (β, α) map.",
-    quick=dict(steps=20, eta=1.0, batch_size=3000, seeds=3),
-    full=dict(steps=40, eta=1.0, batch_size=50_000, seeds=8),
+    quick=dict(steps=20, eta=1.0, batch_size=1500, seeds=8),
+    full=dict(steps=40, eta=1.0, batch_size=25_000, seeds=16),
 )
 def reduced_matches_full_gd(seed, steps, eta, batch_size, seeds):
+    # Minibatch GD's mean α sits above the (β, α) map by ≈ 3.4/B (+0.00114 ± 0.00035 at B = 3000 over 900 runs),
+    # the second-order effect of batch noise; with 3 seeds and a z against 4 it failed about 15% of seeds. Runs
+    # at B and 2B extrapolate the bias away (stats.richardson_in_batch) and the t-tests are set at a family rate.
     problem = EXAMPLE
     reduced = dyn.position_only_trajectory(problem, eta, steps, record_steps=[0, steps])
-    children = seed.spawn(seeds + 1)
-    runs = [dyn.full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=s, position_only=True, n_records=3)
-            for s in children[:seeds]]
-    d, star = problem.d, problem.star
-    other = 0 if star else 1
-    beta = np.array([run.metrics["beta"][-1] for run in runs])
-    alpha = np.array([run.states["W"][-1][d + star, d] - run.states["W"][-1][d + other, d] for run in runs])
+    seeds_B, seeds_2B, seed_full = seed.spawn(3)
+
+    def final_beta_alpha(batch, seed_sequences):
+        runs = [dyn.full_gd_trajectory(problem, eta, steps, batch_size=batch, seed=s, position_only=True,
+                                       n_records=3) for s in seed_sequences]
+        d, star = problem.d, problem.star
+        other = 0 if star else 1
+        return (np.array([run.metrics["beta"][-1] for run in runs]),
+                np.array([run.states["W"][-1][d + star, d] - run.states["W"][-1][d + other, d] for run in runs]))
+
+    beta_B, alpha_B = final_beta_alpha(batch_size, seeds_B.spawn(seeds))
+    beta_2B, alpha_2B = final_beta_alpha(2 * batch_size, seeds_2B.spawn(seeds))
+    per_test = REDUCTION_FAMILY_RATE / 2
     rows = []
-    for name, values, predicted in (("beta", beta, reduced.states["beta"][-1]), ("alpha", alpha, reduced.states["alpha"][-1])):
-        se = values.std(ddof=1) / math.sqrt(seeds)
-        rows.append(dict(quantity=name, full_gd=values.mean(), standard_error=se, reduced=predicted,
-                         z=(values.mean() - predicted) / se))
-    full = dyn.full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=children[-1], n_records=5)
+    for name, at_B, at_2B, predicted in (("beta", beta_B, beta_2B, reduced.states["beta"][-1]),
+                                         ("alpha", alpha_B, alpha_2B, reduced.states["alpha"][-1])):
+        limit = richardson_in_batch(at_B, at_2B)
+        rows.append(dict(quantity=name, full_gd=limit.estimate, standard_error=limit.standard_error,
+                         reduced=predicted, t=limit.t(predicted), df=limit.df, critical=limit.critical(per_test),
+                         mean_at_B=limit.mean_at_B, mean_at_2B=limit.mean_at_2B))
+    full = dyn.full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=seed_full, n_records=5)
     invariants = {name: float(np.abs(full.metrics[name]).max()) for name in ("v2", "W12", "W21", "W22_column_sum")}
 
     def figure():
         fig, axes = plots.figure(ncols=2, width=3.6)
-        for ax, values, r, symbol in zip(axes, (beta, alpha), rows, (r"\beta", r"\alpha")):
-            plots.simulation_points(ax, np.arange(seeds), values, label="full GD, one seed each")
-            plots.simulation_points(ax, [seeds], [r["full_gd"]], [r["standard_error"]], marker="s", color="tab:orange",
-                                    label="mean (±2 SE)")
-            plots.theory_line(ax, [-0.5, seeds + 0.5], [r["reduced"]] * 2, label=r"$(\beta, \alpha)$ map")
-            ax.set_xticks(list(range(seeds)) + [seeds], [str(i) for i in range(seeds)] + ["mean"])
-            plots.finish(ax, rf"${symbol}$ after {steps} steps (position-only)", "seed", rf"${symbol}$")
+        for ax, (at_B, at_2B), r, symbol in zip(axes, ((beta_B, beta_2B), (alpha_B, alpha_2B)), rows,
+                                                (r"\beta", r"\alpha")):
+            plots.simulation_points(ax, np.zeros(seeds), at_B, label="full GD, one seed each")
+            plots.simulation_points(ax, np.ones(seeds), at_2B, color="tab:blue", label="_nolegend_")
+            plots.simulation_points(ax, [2], [r["full_gd"]], [r["standard_error"]], marker="s", color="tab:orange",
+                                    label=r"extrapolated to $B \to \infty$ (±2 SE)")
+            plots.theory_line(ax, [-0.5, 2.5], [r["reduced"]] * 2, label=r"$(\beta, \alpha)$ map")
+            ax.set_xticks([0, 1, 2], [f"$B = {batch_size}$", f"$2B = {2 * batch_size}$", r"$B \to \infty$"])
+            plots.finish(ax, rf"${symbol}$ after {steps} steps (position-only)", "", rf"${symbol}$")
+            plots.legend_below(ax)
         return fig
 
     invariant_ids = {"v2": "max_abs_v2", "W12": "max_abs_w12", "W21": "max_abs_w21",
@@ -143,18 +161,19 @@ def reduced_matches_full_gd(seed, steps, eta, batch_size, seeds):
         measured={f"{r['quantity']}_final": r["full_gd"] for r in rows}
         | {invariant_ids[k]: v for k, v in invariants.items()} | {"cos_v1_v_star_full": float(full.metrics["cos"][-1])},
         predicted={f"{r['quantity']}_final": r["reduced"] for r in rows} | {"symmetry_invariants": 0.0},
-        labels={"beta_final": "β at the end: full GD / (β, α) map", "alpha_final": "α at the end: full GD / (β, α) map",
+        labels={"beta_final": "β at the end: full GD extrapolated to B → ∞ / (β, α) map",
+                "alpha_final": "α at the end: full GD extrapolated to B → ∞ / (β, α) map",
                 **{i: f"max {k}" for k, i in invariant_ids.items()},
                 "cos_v1_v_star_full": "cos(v₁, v*) at the end (full model)", "symmetry_invariants": "invariants"},
-        # a z with the standard error of a few seeds is t-distributed (seeds − 1 degrees of freedom)
-        false_fail_rate=len(rows) * 2 * float(scipy_stats.t.sf(Z_TOLERANCE, seeds - 1)),
+        false_fail_rate=REDUCTION_FAMILY_RATE,
         figure=figure,
-        tolerance=f"|z| < {Z_TOLERANCE:g} for β and α after {steps} steps; every invariant below {ROUND_OFF:g}",
-        basis=f"{Z_TOLERANCE:g} standard errors over {seeds} minibatch seeds (z is t-distributed with {seeds - 1} "
-              f"degrees of freedom: two-sided false-alarm probability {2 * scipy_stats.t.sf(Z_TOLERANCE, seeds - 1):.1g} "
-              "per comparison); the invariants are exact "
-              "consequences of the sign-flip symmetry of symmetrised batches, so only round-off is allowed",
-        passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows) and all(v < ROUND_OFF for v in invariants.values()),
+        tolerance=(f"|t| below the Student-t quantile for β and α (extrapolated from B = {batch_size} and "
+                   f"{2 * batch_size}) after {steps} steps; every invariant below {ROUND_OFF:g}"),
+        basis=(f"Student t with Welch–Satterthwaite degrees of freedom ({rows[0]['df']:.1f} for β, "
+               f"{rows[1]['df']:.1f} for α) from {seeds} seeds at each batch size; two-sided {per_test:.1g} each, "
+               f"{REDUCTION_FAMILY_RATE:g} for the pair; the invariants are exact consequences of the sign-flip "
+               "symmetry of symmetrised batches, so only round-off is allowed"),
+        passed=all(abs(r["t"]) < r["critical"] for r in rows) and all(v < ROUND_OFF for v in invariants.values()),
         details=rows + [dict(quantity=k, full_gd=v, reduced=0.0) for k, v in invariants.items()])
 
 
