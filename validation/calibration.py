@@ -14,6 +14,7 @@ entry per stochastic claim; :func:`write_table` rewrites both after every claim,
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -25,8 +26,8 @@ from attnflow import seeding
 from . import sweep, systems
 from .stats import clopper_pearson
 
-__all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table", "table_entry",
-           "render_table"]
+__all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table",
+           "update_table", "table_entry", "render_table"]
 
 RESOLUTION = 0.01  # the smallest false-FAIL rate a calibration is asked to resolve
 LEVEL = 0.95
@@ -155,6 +156,17 @@ def write_table(markdown, entries: dict[str, dict]) -> None:
     _write_atomically(_sidecar(markdown), json.dumps(dict(schema=TABLE_SCHEMA, claims=rows), indent=1,
                                                      allow_nan=False) + "\n")
     _write_atomically(markdown, render_table(rows))
+
+
+def update_table(markdown, entry: dict) -> None:
+    """Merge one row into the table on disk: read, replace the claim's row, write, under an exclusive lock, so
+    calibrations of different claims may run side by side into one table."""
+    markdown = Path(markdown)
+    with open(markdown.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = read_table(markdown)
+        entries[entry["claim"]] = entry
+        write_table(markdown, entries)
 
 
 def _percent(value: float) -> str:

@@ -223,7 +223,7 @@ def _calibrate_table(args) -> int:
     if args.json:
         raise ValueError(f"--json prints one claim's calibration; the table's JSON twin is written beside {args.table}")
     _check_output_file(args.table, "--table")
-    entries = calibration.read_table(args.table)  # an unreadable table stops here, before any work
+    calibration.read_table(args.table)  # an unreadable table stops here, before any work
     chosen = systems.select(args.claims or None)
     all_calibrated = True
     for claim in chosen:
@@ -235,8 +235,7 @@ def _calibrate_table(args) -> int:
             continue
         found = calibration.calibrate(claim.name, seeds=args.seeds, progress=wanted(quiet=args.no_progress),
                                       **options)
-        entries[claim.name] = calibration.table_entry(found, seed=args.seed)
-        calibration.write_table(args.table, entries)
+        calibration.update_table(args.table, calibration.table_entry(found, seed=args.seed))
         all_calibrated &= found.calibrated
         print(_calibration_line(found), flush=True)
     return 0 if all_calibrated else 1
