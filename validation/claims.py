@@ -43,7 +43,9 @@ class Outcome:
     figure : a zero-argument callable returning a matplotlib Figure, drawn only when a report asks for it.
     notes : anything a reader needs to interpret the numbers.
     false_fail_rate : the nominal probability that the check FAILs when the theory holds (from the tolerance's
-        statistical basis); None for a deterministic check (an identity to round-off or solver tolerance).
+        statistical basis). None when no chance failure is allowed: an identity to round-off or solver tolerance,
+        or a threshold the theorem says holds on every instance; a calibration (docs/calibration.md) then counts
+        any failure against a rate of 0.
     """
 
     measured: dict
