@@ -81,3 +81,21 @@ def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
     assert table.with_suffix(".json").read_text() == "{truncated"
     assert main(["calibrate", "--table", str(table), "--json", CLAIM]) == 2
     assert main(["calibrate", CLAIM, "gd_beta.lsa_gap"]) == 2  # several claims need a table
+
+
+def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims():
+    """docs/calibration.md is generated from docs/calibration.json; every row names a registered claim that states
+    the nominal rate the row records, over at least 200 seeds."""
+    from pathlib import Path
+
+    from attnflow import select
+
+    table = Path(__file__).resolve().parents[1] / "docs" / "calibration.md"
+    rows = calibration.read_table(table)
+    assert rows, "docs/calibration.json holds no calibration"
+    assert table.read_text(encoding="utf-8") == calibration.render_table([rows[name] for name in sorted(rows)])
+    for name, row in rows.items():
+        assert select([name])[0].name == name
+        assert row["seeds"] >= 200 and 0 <= row["alarms"] <= row["seeds"]
+        low, high = row["interval"]
+        assert (low, high) == pytest.approx(clopper_pearson(row["alarms"], row["seeds"], calibration.LEVEL))
