@@ -339,7 +339,9 @@ def _within_training_tolerance(gap, optimum):
     reference=f"{PAPER}: Theorem 1, the optimal linear attention is the optimal PGD ({DOCS} §3.2, §8)",
     statement="Linear attention trained with Adam on fresh prompts (value initialised to read the label) reaches the "
               "PGD optimum L* and its effective preconditioner W_eff reaches W* (setting A).",
-    quick=dict(steps=800, batch_size=256, n_prompts=50_000),
+    # 800 steps left W_eff more than 5% from W* in 17 of 200 seeds (errors 0.05–0.41: the slow directions of the
+    # factorised model); from those same seeds 2000 steps reach 0.005–0.03.
+    quick=dict(steps=2000, batch_size=256, n_prompts=50_000),
     full=dict(steps=4000, batch_size=512, n_prompts=1_000_000),
 )
 def trained_attention_reaches_optimum(seed, steps, batch_size, n_prompts):
