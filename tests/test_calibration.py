@@ -34,13 +34,13 @@ def test_the_verdict_follows_the_stated_rule(alarms, seeds, nominal, calibrated)
 
 
 def test_a_sound_claim_is_calibrated_and_a_broken_one_is_not(tmp_path, monkeypatch):
-    sound = calibration.calibrate(CLAIM, seeds=3, master_seed=0, store=tmp_path / "sound", n_jobs=1)
+    sound = calibration.calibrate(CLAIM, seeds=3, first_seed=0, store=tmp_path / "sound", n_jobs=1)
     assert (sound.seeds, sound.alarms, sound.errors, sound.calibrated) == (3, 0, 0, True)
-    again = calibration.calibrate(CLAIM, seeds=3, master_seed=0, store=tmp_path / "sound", n_jobs=1)
+    again = calibration.calibrate(CLAIM, seeds=3, first_seed=0, store=tmp_path / "sound", n_jobs=1)
     assert (again.computed, again.reused) == (0, 3)  # resumable: finished seeds are not run twice
     real = cf.icl_risk
     monkeypatch.setattr(cf, "icl_risk", lambda *args: 1.05 * real(*args))
-    broken = calibration.calibrate(CLAIM, seeds=3, master_seed=0, store=None, n_jobs=1)
+    broken = calibration.calibrate(CLAIM, seeds=3, first_seed=0, store=None, n_jobs=1)
     assert (broken.alarms, broken.calibrated) == (3, False)
 
 
@@ -99,3 +99,23 @@ def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims():
         assert row["seeds"] >= 200 and 0 <= row["alarms"] <= row["seeds"]
         low, high = row["interval"]
         assert (low, high) == pytest.approx(clopper_pearson(row["alarms"], row["seeds"], calibration.LEVEL))
+
+
+def test_a_replicate_is_the_run_with_that_seed_and_failing_seeds_are_listed(monkeypatch):
+    """Replicate i of a calibration from --seed s is `attnflow check CLAIM --seed s + i`, random instance included
+    (the scaling claim draws its instance from the run's seed), so a listed failing seed replays the failure."""
+    from attnflow import run_claim, select
+    from attnflow.validation import sweep
+
+    claim = "gd_beta.minibatch_gradient_scaling"  # draws its instance from the run's instance seed
+    result = sweep.run_replicates(claim, {}, master_seed=7, seeds=2, runs=True, n_jobs=1)
+    for i, record in enumerate(result.records):
+        direct = run_claim(select([claim])[0], seed=7 + i)
+        assert record["result"]["exponent"] == direct.measured["exponent"]
+    assert result.records[0]["result"]["exponent"] != result.records[1]["result"]["exponent"]
+    real = cf.icl_risk
+    monkeypatch.setattr(cf, "icl_risk", lambda *args: 1.05 * real(*args))
+    found = calibration.calibrate(CLAIM, seeds=2, first_seed=40, store=None, n_jobs=1)
+    assert found.failing_seeds == (40, 41) and found.alarms == 2
+    with pytest.raises(ValueError, match="non-negative integer"):
+        sweep.run_replicates(claim, {}, master_seed=-1, seeds=1, runs=True, n_jobs=1)

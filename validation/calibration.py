@@ -1,11 +1,11 @@
 """Calibration: how often a claim FAILs over many seeds when the theory holds, against the rate it states.
 
 A stochastic claim states its nominal false-FAIL rate (``Outcome.false_fail_rate``, from its tolerance's
-statistical basis). Run over N independent seeds (replicate i takes child i of the calibration seed, on the sweep
-machinery, so the run is resumable and parallel with joblib or Dask), the number of outcomes that are not the
-registered one is Binomial(N, rate) (when the stated rate depends on the random instance, the nominal rate is its
-mean over the seeds: the probability that a random seed fails). The exact Clopper–Pearson interval for that rate is set against the
-nominal one: a claim is calibrated when the interval does not lie wholly above the nominal rate and the point
+statistical basis). Run over N independent runs (replicate i is exactly ``attnflow check CLAIM --seed s + i``,
+random instance included, so a failing seed can be replayed; on the sweep machinery, so the run is resumable and
+parallel with joblib or Dask), the number of outcomes that are not the registered one is Binomial(N, rate) (when
+the stated rate depends on the random instance, the nominal rate is its mean over the seeds: the probability that
+a random seed fails). The exact Clopper–Pearson interval for that rate is set against the nominal one: a claim is calibrated when the interval does not lie wholly above the nominal rate and the point
 estimate is at most the nominal rate or 1%, whichever is larger (a rate far below 1% cannot be resolved by a few
 hundred seeds, so 1% is the resolution asked of them). An ERROR is counted as a false alarm and listed.
 
@@ -46,6 +46,7 @@ class Calibration:
     reused: int
     seconds: float = 0.0  # mean wall time of one seed
     code: str = ""  # fingerprint of the code that computed the seeds (validation/fingerprint.py)
+    failing_seeds: tuple = ()  # the --seed of every run not as registered
 
     @property
     def rate(self) -> float:
@@ -59,10 +60,11 @@ class Calibration:
     def as_dict(self) -> dict:
         return dict(claim=self.claim, seeds=self.seeds, alarms=self.alarms, errors=self.errors, rate=self.rate,
                     interval=[self.low, self.high], level=LEVEL, nominal=self.nominal, calibrated=self.calibrated,
-                    computed=self.computed, reused=self.reused, seconds_per_seed=round(self.seconds, 3))
+                    computed=self.computed, reused=self.reused, seconds_per_seed=round(self.seconds, 3),
+                    failing_seeds=list(self.failing_seeds))
 
 
-def calibrate(claim: str, *, seeds: int, master_seed: seeding.SeedLike, store=None, n_jobs: int = -1,
+def calibrate(claim: str, *, seeds: int, first_seed: int, store=None, n_jobs: int = -1,
               scheduler: str | None = None, progress: bool = False) -> Calibration:
     """Run ``claim`` at its quick setting over ``seeds`` seeds and compare its false-FAIL rate with its nominal one.
 
@@ -73,7 +75,7 @@ def calibrate(claim: str, *, seeds: int, master_seed: seeding.SeedLike, store=No
     if len(selected) != 1 or selected[0].name != claim.replace("-", "_"):
         raise ValueError(f"calibrate one claim, not {claim!r} ({len(selected)} claims)")
     found = selected[0]
-    result = sweep.run_replicates(found.name, {}, master_seed=master_seed, seeds=int(seeds), store=store,
+    result = sweep.run_replicates(found.name, {}, master_seed=first_seed, seeds=int(seeds), store=store, runs=True,
                                   n_jobs=n_jobs, scheduler=scheduler, progress=progress)
     statuses = [r["result"]["status"] for r in result.records]
     registered = {"FINDING"} if found.finding else {"PASS"}
@@ -90,15 +92,17 @@ def calibrate(claim: str, *, seeds: int, master_seed: seeding.SeedLike, store=No
                        errors=sum(status == "ERROR" for status in statuses), nominal=nominal,
                        low=low, high=high, computed=result.computed, reused=result.reused,
                        seconds=sum(r["seconds"] for r in result.records) / len(result.records),
-                       code=result.records[0]["code"])
+                       code=result.records[0]["code"],
+                       failing_seeds=tuple(first_seed + r["replicate"] for r, status in zip(result.records, statuses)
+                                           if status not in registered))
 
 
-def depends_on_seed(claim: str, *, master_seed: seeding.SeedLike, store=None, n_jobs: int = -1,
+def depends_on_seed(claim: str, *, first_seed: int, store=None, n_jobs: int = -1,
                     scheduler: str | None = None) -> bool:
     """Whether ``claim`` measures different numbers at the first two seeds of a calibration (a check that does
     not is deterministic and has no false-FAIL rate to measure). The two seeds are the calibration's own seeds 0
     and 1, so with a store a later calibration reuses them."""
-    result = sweep.run_replicates(claim, {}, master_seed=master_seed, seeds=2, store=store, n_jobs=n_jobs,
+    result = sweep.run_replicates(claim, {}, master_seed=first_seed, seeds=2, store=store, runs=True, n_jobs=n_jobs,
                                   scheduler=scheduler)
     first, second = (record["result"] for record in result.records)  # status, rate and measured numbers
     return first != second
@@ -169,6 +173,11 @@ def update_table(markdown, entry: dict) -> None:
         write_table(markdown, entries)
 
 
+def _seed_list(seeds, shown: int = 5) -> str:
+    more = f" … (+{len(seeds) - shown})" if len(seeds) > shown else ""
+    return ", ".join(str(s) for s in seeds[:shown]) + more
+
+
 def _percent(value: float) -> str:
     return f"{100 * value:.2g}%" if value else "0"
 
@@ -181,9 +190,9 @@ def render_table(rows: list[dict]) -> str:
         "",
         "Every claim whose verdict depends on its seed states a nominal false-FAIL rate (`false_fail_rate` in",
         "`attnflow check --json`), derived from its tolerance's statistical basis. Each row below ran that claim at",
-        "its quick setting over independent seeds (seed i of the calibration is child i of the calibration's",
-        "`numpy.random.SeedSequence`) and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or",
-        "a registered finding that did not reproduce. The count is Binomial(seeds, rate); the interval is the exact",
+        "its quick setting as independent runs, seed i being exactly `attnflow check CLAIM --seed i` (its random",
+        "instance included), and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or a",
+        "registered finding that did not reproduce; the first of them are listed, so each can be replayed. The count is Binomial(seeds, rate); the interval is the exact",
         f"{LEVEL:.0%} Clopper–Pearson interval. A claim is **calibrated** when that interval does not lie wholly",
         f"above its nominal rate and the measured rate is at most the nominal rate or {RESOLUTION:.0%}, whichever is",
         "larger (a few hundred seeds cannot resolve rates far below 1%). A claim that states no rate (`—`: a",
@@ -202,8 +211,8 @@ def render_table(rows: list[dict]) -> str:
         "",
         f"{calibrated} of {len(rows)} claims calibrated.",
         "",
-        "| claim | seeds | not as registered | rate | 95% interval | nominal | verdict | s / seed | code |",
-        "|---|---:|---:|---:|---|---:|---|---:|---|",
+        "| claim | seeds | not as registered | rate | 95% interval | nominal | verdict | s / seed | code | failing seeds |",
+        "|---|---:|---:|---:|---|---:|---|---:|---|---|",
     ]
     for row in rows:
         low, high = row["interval"]
@@ -212,5 +221,5 @@ def render_table(rows: list[dict]) -> str:
         verdict = "calibrated" if row["calibrated"] else "**MISCALIBRATED**"
         lines.append(f"| `{row['claim']}` | {row['seeds']} | {row['alarms']}{errors} | {_percent(row['rate'])} | "
                      f"[{_percent(low)}, {_percent(high)}] | {nominal} | {verdict} | {row['seconds_per_seed']:.3g} | "
-                     f"`{row['code'][:8]}` |")
+                     f"`{row['code'][:8]}` | {_seed_list(row['failing_seeds'])} |")
     return "\n".join(lines) + "\n"

@@ -79,7 +79,7 @@ def _build_parser() -> argparse.ArgumentParser:
                            help="calibrate every claim named that depends on its seed (others are skipped) and keep the "
                                 "rows in this Markdown table and its .json twin, rewritten after every claim")
     calibrate.add_argument("--seeds", type=int, default=200, help="independent seeds (default 200)")
-    calibrate.add_argument("--seed", type=int, default=0, help="seed of the calibration (replicate i takes child i)")
+    calibrate.add_argument("--seed", type=int, default=0, help="first seed: replicate i is the run --seed SEED + i")
     calibrate.add_argument("--jobs", type=int, default=-1, help="joblib workers (default: all cores)")
     calibrate.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler to run on")
     calibrate.add_argument("--store", default="attnflow-calibration",
@@ -193,7 +193,7 @@ def _command_calibrate(args) -> int:
         raise ValueError("calibrate one claim (e.g. gd_beta.risk_formula), or several with --table FILE.md")
     claim = args.claims[0]
     store = f"{args.store.rstrip('/')}/{claim.replace('-', '_')}"
-    found = calibration.calibrate(claim, seeds=args.seeds, master_seed=args.seed, store=store,
+    found = calibration.calibrate(claim, seeds=args.seeds, first_seed=args.seed, store=store,
                                   n_jobs=args.jobs, scheduler=args.scheduler,
                                   progress=wanted(quiet=args.no_progress or args.json))
     if args.json:
@@ -228,7 +228,7 @@ def _calibrate_table(args) -> int:
     all_calibrated = True
     for claim in chosen:
         store = f"{args.store.rstrip('/')}/{claim.name}"
-        options = dict(master_seed=args.seed, store=store, n_jobs=args.jobs, scheduler=args.scheduler)
+        options = dict(first_seed=args.seed, store=store, n_jobs=args.jobs, scheduler=args.scheduler)
         # Two seeds say whether the claim depends on its seed at all; the store keeps them for the full run.
         if not calibration.depends_on_seed(claim.name, **options):
             print(f"{claim.name}: deterministic (the same numbers at two seeds), not calibrated", file=sys.stderr)

@@ -40,7 +40,7 @@ from .claims import ScalingLaw, observable
 from .report import version
 from .stats import ExponentFit, fit_exponent
 
-__all__ = ["Task", "ResultStore", "SweepResult", "parse_grid", "replicate_seed", "run_sweep", "run_replicates",
+__all__ = ["Task", "ResultStore", "SweepResult", "parse_grid", "replicate_seed", "run_seed", "run_sweep", "run_replicates",
            "execute_task", "scaling_fit"]
 
 # Identifies the process that computed a record (the kill-and-resume test uses it).
@@ -116,14 +116,21 @@ def target_fingerprint(target: str) -> str:
     return module_fingerprint(function.__module__)
 
 
-def _tasks(target: str, grid: dict, seeds: int, master_seed: seeding.SeedLike) -> list[Task]:
+def run_seed(first_seed: int, replicate: int) -> np.random.SeedSequence:
+    """The seed of replicate ``replicate`` when replicates are independent runs: exactly what
+    ``attnflow check --seed first_seed + replicate`` uses, random instance included."""
+    return seeding.as_seed_sequence(first_seed + replicate, "seed")
+
+
+def _tasks(target: str, grid: dict, seeds: int, master_seed, runs: bool) -> list[Task]:
     names = sorted(grid)
     code = target_fingerprint(target)
+    seed_of = (lambda i: run_seed(master_seed, i)) if runs else (lambda i: replicate_seed(master_seed, i))
     tasks = []
     for values in itertools.product(*(grid[n] for n in names)):
         params = tuple(zip(names, values))
         for i in range(seeds):
-            tasks.append(Task(target, params, seeding.to_record(replicate_seed(master_seed, i)), i, code))
+            tasks.append(Task(target, params, seeding.to_record(seed_of(i)), i, code))
     return tasks
 
 
@@ -359,18 +366,26 @@ def run_sweep(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: 
 
 
 def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: int = 8, store=None,
-                   n_jobs: int = -1, scheduler: str | None = None, progress: bool = False) -> SweepResult:
+                   n_jobs: int = -1, scheduler: str | None = None, progress: bool = False,
+                   runs: bool = False) -> SweepResult:
     """:func:`run_sweep` without the requirement of a grid: with ``grid = {}`` the target runs at its own
-    settings over ``seeds`` replicates (what calibration needs)."""
+    settings over ``seeds`` replicates (what calibration needs).
+
+    ``runs=True`` makes replicate i the independent run ``--seed master_seed + i`` (:func:`run_seed`), with its
+    own random instance; by default replicates are children of ``master_seed`` and share the run's instance."""
     target = target.replace("-", "_") if "." in target else target
     if isinstance(n_jobs, bool) or int(n_jobs) != n_jobs or not (n_jobs == -1 or n_jobs >= 1):
         raise ValueError(f"n_jobs (--jobs) must be a number of workers >= 1, or -1 for every core; got {n_jobs}")
     if isinstance(seeds, bool) or int(seeds) != seeds or seeds < 1:
         raise ValueError(f"seeds must be a positive integer, got {seeds}")
+    if runs and (isinstance(master_seed, (bool, np.bool_)) or not isinstance(master_seed, (int, np.integer))
+                 or master_seed < 0):
+        raise ValueError(f"with independent runs the seed must be a non-negative integer, got {master_seed!r}")
+    first = int(master_seed) if runs else None
     master_seed = seeding.as_seed_sequence(master_seed, "master_seed")
     _validate_target(target, grid)
     store = store if isinstance(store, ResultStore) else ResultStore(store)
-    tasks = _tasks(target, grid, int(seeds), master_seed)
+    tasks = _tasks(target, grid, int(seeds), first if runs else master_seed, runs)
     pending = [t for t in tasks if not store.has(t.key)]
     started = time.perf_counter()
     from tqdm import tqdm
