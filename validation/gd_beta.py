@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 from scipy import stats as scipy_stats
 from scipy.optimize import minimize
 
@@ -770,6 +771,8 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
         ax = fig.axes[0]
         ax.set_xlabel("batch size $B$")
         ax.set_ylabel(r"$\|\hat g_B - \nabla R\|^2$")
+        ax.set_xticks(x, [f"{b:g}" for b in x])  # the measured batch sizes; no crowded minor labels
+        ax.xaxis.set_minor_formatter(NullFormatter())
         fig.set_size_inches(7.4, 3.6)
         plots.legend_outside(ax)
         return fig

@@ -76,13 +76,13 @@ def quadrature_matches_monte_carlo(seed, n_prompts, points):
         losses = [r for r in rows if r["quantity"] == "loss"]
         x = np.arange(len(losses))
         plots.simulation_points(ax, x, [r["monte_carlo"] for r in losses], [r["standard_error"] for r in losses],
-                                label=f"Monte Carlo ({n_prompts:,} prompts, ±2 SE)")
+                                label=f"Monte Carlo (≥ {n_prompts:,} prompts, more where skewed; ±2 SE)")
         ax.plot(x, [r["quadrature"] for r in losses], "k_", markersize=18, markeredgewidth=1.6,
                 label="quadrature (docs/one_nn.md §6)")
         ax.set_xticks(x, [f"{r['d']}, {r['N']}\n{r['xi1']:g}, {r['xi2']:g}" for r in losses], fontsize=7)
         plots.finish(ax, r"1-NN population loss $L(\xi_1, \xi_2)$", r"$d, N$ / $\xi_1, \xi_2$",
                      r"$L(\xi_1, \xi_2)$", logy=True)
-        plots.legend_outside(ax)
+        plots.legend_below(ax, ncols=2)
         return fig
 
     return Outcome(

@@ -64,7 +64,7 @@ def scaling_figure(x, y, fit, law, title: str):
     fig, ax = figure()
     simulation_points(ax, x, means, ses, label=f"mean {law.y} over {y.shape[1]} seeds (±2 SE)")
     ax.plot(x, line(fit.estimate), color="tab:blue",
-            label=f"fit {fit.estimate:.3f}, {fit.level:.0%} CI [{fit.low:.3f}, {fit.high:.3f}]")
+            label=f"fit {fit.estimate:.3f}, {fit.level:.3g} interval [{fit.low:.3f}, {fit.high:.3f}]")
     theory_line(ax, x, line(law.exponent), label=f"theory {law.exponent:g}")
     finish(ax, title, law.x, law.y, logx=loglog, logy=True)
     return fig
