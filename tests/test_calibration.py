@@ -84,8 +84,8 @@ def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
 
 
 def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims():
-    """docs/calibration.md is generated from docs/calibration.json; every row names a registered claim that states
-    the nominal rate the row records, over at least 200 seeds."""
+    """docs/calibration.md is generated from docs/calibration.json; every row names a registered claim, ran at
+    least 200 seeds, and its interval and verdict follow from its counts by the stated rule."""
     from pathlib import Path
 
     from attnflow import select
@@ -99,6 +99,8 @@ def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims():
         assert row["seeds"] >= 200 and 0 <= row["alarms"] <= row["seeds"]
         low, high = row["interval"]
         assert (low, high) == pytest.approx(clopper_pearson(row["alarms"], row["seeds"], calibration.LEVEL))
+        assert row["calibrated"] is _verdict(row["alarms"], row["seeds"], row["nominal"])
+        assert len(row["failing_seeds"]) == row["alarms"]
 
 
 def test_a_replicate_is_the_run_with_that_seed_and_failing_seeds_are_listed(monkeypatch):
@@ -119,3 +121,20 @@ def test_a_replicate_is_the_run_with_that_seed_and_failing_seeds_are_listed(monk
     assert found.failing_seeds == (40, 41) and found.alarms == 2
     with pytest.raises(ValueError, match="non-negative integer"):
         sweep.run_replicates(claim, {}, master_seed=-1, seeds=1, runs=True, n_jobs=1)
+
+
+def test_merging_a_row_keeps_the_others_and_the_table_is_readable_by_all(tmp_path):
+    table = tmp_path / "calibration.md"
+    row = dict(claim="x.first", seeds=200, alarms=0, errors=0, rate=0.0, interval=[0.0, 0.018], level=0.95,
+               nominal=1e-3, calibrated=True, seconds_per_seed=1.0, failing_seeds=[], seed=0, code="0" * 16)
+    calibration.update_table(table, row)
+    calibration.update_table(table, dict(row, claim="x.second", alarms=200, rate=1.0, interval=[0.98, 1.0],
+                                         calibrated=False, failing_seeds=list(range(200))))
+    rows = calibration.read_table(table)
+    assert sorted(rows) == ["x.first", "x.second"]
+    text = table.read_text()
+    assert "| `x.second` | 200 | 200 | 100% | [98%, 100%] |" in text and "0, 1, 2, 3, 4 … (+195)" in text
+    assert table.stat().st_mode & 0o044  # readable by others (mkstemp alone gives 0600)
+    table.with_suffix(".json").write_text('{"schema": "attnflow.calibration-table/1", "claims": [{"no": 1}]}')
+    with pytest.raises(ValueError, match="not a calibration table"):
+        calibration.read_table(table)

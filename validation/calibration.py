@@ -14,7 +14,6 @@ entry per stochastic claim; :func:`write_table` rewrites both after every claim,
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import tempfile
@@ -22,6 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnflow import seeding
+
+try:  # POSIX advisory locks; without them (Windows) calibrations into one table must not run side by side
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 from . import sweep, systems
 from .stats import clopper_pearson
@@ -80,7 +84,8 @@ def calibrate(claim: str, *, seeds: int, first_seed: int, store=None, n_jobs: in
     statuses = [r["result"]["status"] for r in result.records]
     registered = {"FINDING"} if found.finding else {"PASS"}
     alarms = sum(status not in registered for status in statuses)
-    rates = [r["result"].get("false_fail_rate") for r in result.records]
+    # An ERROR states no rate; it counts as an alarm, and the rate comes from the seeds that ran to a verdict.
+    rates = [r["result"].get("false_fail_rate") for r in result.records if r["result"]["status"] != "ERROR"]
     stated = [rate for rate in rates if rate is not None]
     if stated and len(stated) != len(rates):
         raise ValueError(f"{found.name} stated a nominal rate at some seeds and none at others")
@@ -105,7 +110,8 @@ def depends_on_seed(claim: str, *, first_seed: int, store=None, n_jobs: int = -1
     result = sweep.run_replicates(claim, {}, master_seed=first_seed, seeds=2, store=store, runs=True, n_jobs=n_jobs,
                                   scheduler=scheduler)
     first, second = (record["result"] for record in result.records)  # status, rate and measured numbers
-    return first != second
+    # A claim that crashed is calibrated (its ERRORs count as alarms), never taken for deterministic.
+    return first != second or "ERROR" in (first["status"], second["status"])
 
 
 # ==================================================================================================
@@ -141,16 +147,24 @@ def read_table(markdown) -> dict[str, dict]:
         raise ValueError(f"the calibration table {path} cannot be read ({type(error).__name__}: {error}); "
                          "move it aside to start a new one") from None
     if not isinstance(document, dict) or document.get("schema") != TABLE_SCHEMA \
-            or not isinstance(document.get("claims"), list):
+            or not isinstance(document.get("claims"), list) \
+            or not all(isinstance(entry, dict) and isinstance(entry.get("claim"), str) for entry in document["claims"]):
         raise ValueError(f"{path} is not a calibration table (schema {TABLE_SCHEMA}); move it aside")
     return {entry["claim"]: entry for entry in document["claims"]}
 
 
 def _write_atomically(path: Path, text: str) -> None:
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        stream.write(text)
-    os.replace(temporary, path)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp's 0600 is for secrets; a table is for readers
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def write_table(markdown, entries: dict[str, dict]) -> None:
@@ -167,7 +181,8 @@ def update_table(markdown, entry: dict) -> None:
     calibrations of different claims may run side by side into one table."""
     markdown = Path(markdown)
     with open(markdown.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         entries = read_table(markdown)
         entries[entry["claim"]] = entry
         write_table(markdown, entries)
@@ -179,7 +194,10 @@ def _seed_list(seeds, shown: int = 5) -> str:
 
 
 def _percent(value: float) -> str:
-    return f"{100 * value:.2g}%" if value else "0"
+    if not value:
+        return "0"
+    percent = 100 * value
+    return f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"
 
 
 def render_table(rows: list[dict]) -> str:
@@ -190,14 +208,14 @@ def render_table(rows: list[dict]) -> str:
         "",
         "Every claim whose verdict depends on its seed states a nominal false-FAIL rate (`false_fail_rate` in",
         "`attnflow check --json`), derived from its tolerance's statistical basis. Each row below ran that claim at",
-        "its quick setting as independent runs, seed i being exactly `attnflow check CLAIM --seed i` (its random",
-        "instance included), and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or a",
+        "its quick setting as independent runs, replicate i of a calibration from seed s being exactly",
+        "`attnflow check CLAIM --seed s + i` (its random instance included), and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or a",
         "registered finding that did not reproduce; the first of them are listed, so each can be replayed. The count is Binomial(seeds, rate); the interval is the exact",
         f"{LEVEL:.0%} Clopper–Pearson interval. A claim is **calibrated** when that interval does not lie wholly",
         f"above its nominal rate and the measured rate is at most the nominal rate or {RESOLUTION:.0%}, whichever is",
         "larger (a few hundred seeds cannot resolve rates far below 1%). A claim that states no rate (`—`: a",
         "threshold on a random instance that the paper says holds on every instance) is calibrated only when none of",
-        "its seeds fails. A claim that measures the same numbers at two seeds is deterministic and not listed.",
+        "its seeds fails. A claim that measures the same at its first two seeds is deterministic and not listed.",
         "",
         "Regenerate a row (or the whole table, without names) with",
         "",

@@ -749,7 +749,7 @@ SCALING_LEVEL = 0.999
     reference=f"{PAPER}: population gradient flow (Lemma G.2) as the limit of minibatch training",
     statement="The minibatch gradient on B fresh prompts is an unbiased estimate of the closed-form population "
               "gradient: its mean squared deviation scales as B^-1 (deviation ∝ B^-1/2), fitted over a sweep in B "
-              "with a bootstrap interval over seeds.",
+              "with a delta-method Student-t interval over seeds.",
     quick=dict(batch_sizes=(256, 1024, 4096), seeds=32),
     full=dict(batch_sizes=(256, 1024, 4096, 16384), seeds=128),
 )
