@@ -970,7 +970,8 @@ def low_rank_optimum(seed, starts):
     "linear_attention_h3.trained_low_rank_attention",
     reference=f"{PAPER}: low-rank attention ({DOCS} §3.2, §5.1, §8)",
     statement="Linear attention with key/query width d_k = r, trained with Adam, reaches L*_r (setting D, r = 1, 2).",
-    quick=dict(steps=800, batch_size=256, n_prompts=50_000),
+    # 800 steps left 16 of 200 calibration seeds short of L*_r; from those seeds 2000 steps all reach it.
+    quick=dict(steps=2000, batch_size=256, n_prompts=50_000),
     full=dict(steps=4000, batch_size=512, n_prompts=1_000_000),
 )
 def trained_low_rank_attention(seed, steps, batch_size, n_prompts):
