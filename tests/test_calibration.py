@@ -85,7 +85,7 @@ def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
 
 def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims():
     """docs/calibration.md is generated from docs/calibration.json; every row names a registered claim, ran at
-    least 200 seeds, and its interval and verdict follow from its counts by the stated rule."""
+    least calibration.MIN_TABLE_SEEDS seeds, and its interval and verdict follow from its counts by the stated rule."""
     from pathlib import Path
 
     from attnflow import select
@@ -96,7 +96,7 @@ def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims():
     assert table.read_text(encoding="utf-8") == calibration.render_table([rows[name] for name in sorted(rows)])
     for name, row in rows.items():
         assert select([name])[0].name == name
-        assert row["seeds"] >= 200 and 0 <= row["alarms"] <= row["seeds"]
+        assert row["seeds"] >= calibration.MIN_TABLE_SEEDS and 0 <= row["alarms"] <= row["seeds"]
         low, high = row["interval"]
         assert (low, high) == pytest.approx(clopper_pearson(row["alarms"], row["seeds"], calibration.LEVEL))
         assert row["calibrated"] is _verdict(row["alarms"], row["seeds"], row["nominal"])

@@ -175,6 +175,24 @@ def execute_task(task: Task) -> dict:
 # ==================================================================================================
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a reader never sees half a
+    file, and a failed write leaves no temporary behind. The file is readable by others (mkstemp's 0600 is for
+    secrets; records and tables are for readers)."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 RECORD_FIELDS = ("key", "target", "params", "seed", "replicate", "version", "code", "result", "seconds", "run_id")
 STALE_TEMPORARY_SECONDS = 3600  # a temporary file this old belongs to no writer that is still running
 
@@ -272,11 +290,7 @@ class ResultStore:
         self._memory[record["key"]] = record
         if self.directory is None:
             return
-        # Write to a temporary file in the same directory, then rename: a reader never sees half a record.
-        handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(record, stream, indent=1, allow_nan=False)
-        os.replace(temporary, self._path(record["key"]))
+        write_atomically(self._path(record["key"]), json.dumps(record, indent=1, allow_nan=False))
 
     def load(self, key: str) -> dict:
         if key not in self._memory:
