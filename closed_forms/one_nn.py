@@ -351,9 +351,20 @@ def _check_point(xi1, xi2):
     return xi1, float(xi2)
 
 
+XI1_OVERFLOW = 700.0  # e^{ξ₁t} overflows float64 beyond ~709.8: the quadrature's weights must stay finite
+
+
+def _check_overflow(xi1: float) -> None:
+    if xi1 > XI1_OVERFLOW:
+        raise ValueError(f"xi1 = {xi1:g} is above {XI1_OVERFLOW:g}, where the quadrature's exponentials overflow")
+
+
 def reduced_loss_on_grid(problem: OneNNProblem, xi1: float, xi2: float, grid=DEFAULT_GRID) -> tuple:
-    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on one fixed (n_theta, n_lambda) grid, no error estimate (what the dynamics use)."""
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on one fixed (n_theta, n_lambda) grid, no error estimate (what the dynamics use).
+    The fixed grid does not adapt to ξ₁: far out (ξ₁ in the hundreds) it under-resolves the peak of the
+    nearest-neighbour weight; :func:`reduced_loss_adaptive` does not."""
     xi1, xi2 = _check_point(xi1, xi2)
+    _check_overflow(xi1)
     n_theta, n_lam = (check.integer(n, "grid", minimum=16) for n in grid)
     if max(n_theta, n_lam) > MAX_THETA_NODES:
         raise ValueError(f"grid {grid} is larger than the budget of {MAX_THETA_NODES} nodes per axis "
@@ -368,6 +379,7 @@ def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
     if not isinstance(resolution, Resolution):
         raise ValueError(f"resolution must be a one_nn.Resolution, got {resolution!r}")
     theta_nodes(xi1, resolution)
+    _check_overflow(xi1)
     return _adaptive_quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, resolution.theta_min,
                                 resolution.theta_per_xi1, resolution.dw)
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .errors import DivergenceError
+from .errors import BudgetExceeded, DivergenceError
 
 __all__ = [
     "DivergenceError",
@@ -462,7 +462,7 @@ def solve_dopri5(
     first_step : float, optional
         Initial step; chosen automatically (Hairer §II.4) when omitted.
     max_steps : int
-        Budget of attempted steps; exceeding it raises ``RuntimeError``.
+        Budget of attempted steps; exceeding it raises :class:`BudgetExceeded` (a ``RuntimeError``).
     blowup : float
         Divergence bound on ``max |y|``.
     loop : numba function, optional
@@ -475,7 +475,7 @@ def solve_dopri5(
 
     Raises
     ------
-    ValueError, DivergenceError, RuntimeError
+    ValueError, DivergenceError, BudgetExceeded
     """
     y0 = _as_state(y0, "y0")
     params = _as_params(params)
@@ -498,7 +498,8 @@ def solve_dopri5(
     ys, status, n_acc, n_rej, n_ev, t_stop = dopri5_loop(rhs, *args) if loop is None else loop(*args)
     _raise_if_diverged(status, n_acc, f" (t = {t_stop:.6g})")
     if status == _MAX_STEPS:
-        raise RuntimeError(f"solve_dopri5 used its budget of max_steps={max_steps} steps at t = {t_stop:.6g}")
+        raise BudgetExceeded(f"solve_dopri5 used its budget of max_steps={max_steps} steps at t = {t_stop:.6g} "
+                             "(too stiff at these parameters for an explicit method)")
     if status == _STEP_TOO_SMALL:
         raise DivergenceError(
             f"diverged at step {n_acc} (t = {t_stop:.6g}): the step size fell below machine precision"

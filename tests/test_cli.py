@@ -101,6 +101,10 @@ def test_solve_gd_beta_json_and_plot(tmp_path):
         (["solve", "gd-beta", "--plot", "/nonexistent-folder/f.png"], "does not exist"),
         (["check", "gd_beta.risk_formula", "--report", "/proc/attnflow"], "--report: cannot create"),
         (["frobnicate"], "invalid choice"),
+        (["solve", "gd-beta", "--param", "H=1e-300"], "H: the flow's slowest local rate is 0"),
+        (["solve", "gd-beta", "--param", "sigma2=1e300"], "sigma2 has entries of size 1e+300"),
+        (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=1e9", "--seeds", "2", "--store",
+          "/tmp/attnflow-never-written"], "would sample 264.0 GB at once"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, message):
@@ -150,3 +154,32 @@ def test_solve_and_simulate_run_for_every_built_in_system(system, capsys, tmp_pa
         assert (tmp_path / f"{command}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["solve", system, "--describe"]) == 0
     assert "problem:" in capsys.readouterr().out
+
+
+def test_a_vanishing_task_covariance_gives_an_undefined_ratio_not_a_traceback():
+    result = attnflow("solve", "gd-beta", "--param", "Psi=0", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "undefined (Bayes excess risk 0)" in result.stdout
+
+
+def test_warnings_are_collected_so_an_error_stays_one_line(monkeypatch, capsys):
+    """A RuntimeWarning raised on the way to an error does not add lines; on success each distinct one is listed."""
+    import warnings
+
+    from attnflow.validation import cli
+
+    def warn_then(outcome):
+        def command(args):
+            warnings.warn("overflow encountered in multiply", RuntimeWarning)
+            warnings.warn("overflow encountered in multiply", RuntimeWarning)
+            if outcome == "fail":
+                raise ValueError("parameter x is bad")
+            return 0
+        return command
+
+    monkeypatch.setattr(cli, "_command_list", warn_then("fail"))
+    assert cli.main(["list"]) == 2
+    assert capsys.readouterr().err == "attnflow: error: parameter x is bad\n"
+    monkeypatch.setattr(cli, "_command_list", warn_then("pass"))
+    assert cli.main(["list"]) == 0
+    assert capsys.readouterr().err == "attnflow: warning: RuntimeWarning: overflow encountered in multiply\n"

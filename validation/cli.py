@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from attnflow import seeding
-from attnflow.dynamics.errors import DivergenceError, StageFailure
+from attnflow.dynamics.errors import BudgetExceeded, DivergenceError, StageFailure
 
 from . import claims as claims_module
 from . import report, systems
@@ -445,24 +446,38 @@ def main(argv=None) -> int:
         return 0
     _stop_on_sigterm()
     try:
-        args = parser.parse_args(argv)
-        command = {"list": _command_list, "check": _command_check, "solve": _command_solve,
-                   "simulate": _command_simulate, "sweep": _command_sweep,
-                   "calibrate": _command_calibrate}[args.command]
-        return command(args)
-    except (ValueError, DivergenceError, StageFailure) as error:
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        print(f"attnflow: error: {message}", file=sys.stderr)
-        return 2
+        return _run(parser, argv)
     except KeyboardInterrupt:
         print("attnflow: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of our output went away (attnflow list | head): not an error of ours
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
+
+def _run(parser, argv) -> int:
+    """Parse and run one command. Numerical warnings (an overflow in an intermediate, a mean of an empty slice)
+    are collected, not printed as they happen: a command that fails reports its error in one line, and one that
+    succeeds lists each distinct warning once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        try:
+            args = parser.parse_args(argv)
+            command = {"list": _command_list, "check": _command_check, "solve": _command_solve,
+                       "simulate": _command_simulate, "sweep": _command_sweep,
+                       "calibrate": _command_calibrate}[args.command]
+            code = command(args)
+        except (ValueError, DivergenceError, StageFailure, BudgetExceeded) as error:
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            print(f"attnflow: error: {message}", file=sys.stderr)
+            return 2
+    for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught
+                                 if issubclass(w.category, RuntimeWarning)):
+        print(f"attnflow: warning: {message}", file=sys.stderr)
+    for w in caught:  # anything else is passed on as it would have been
+        if not issubclass(w.category, RuntimeWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return code
 
 if __name__ == "__main__":
     sys.exit(main())
