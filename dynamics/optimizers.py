@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS"]
+__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule"]
+
+
+def cosine_schedule(lr: float, steps: int, final_fraction: float = 0.01) -> np.ndarray:
+    """The learning rates η₁, …, η_steps of every optimiser here: a cosine decay from ``lr`` to
+    ``lr * final_fraction`` (step k uses progress k/steps)."""
+    return _cosine(lr, np.minimum(np.arange(1, steps + 1) / steps, 1.0), final_fraction)
+
+
+def _cosine(lr, progress, final_fraction):
+    return lr * (final_fraction + (1 - final_fraction) * 0.5 * (1 + np.cos(np.pi * progress)))
 
 
 class Optimizer:
-    """A step on a list of arrays in place, with a cosine learning-rate decay to ``lr * final_fraction``."""
+    """A step on a list of arrays in place, with the learning rates of :func:`cosine_schedule`."""
 
     def __init__(self, params, lr, steps, final_fraction=0.01):
         self.params, self.lr, self.steps, self.final = params, lr, steps, final_fraction
@@ -18,8 +28,7 @@ class Optimizer:
 
     def learning_rate(self):
         self.k += 1
-        progress = min(self.k / self.steps, 1.0)
-        return self.lr * (self.final + (1 - self.final) * 0.5 * (1 + np.cos(np.pi * progress)))
+        return _cosine(self.lr, min(self.k / self.steps, 1.0), self.final)
 
 
 class SGD(Optimizer):

@@ -119,6 +119,18 @@ def legend_below(ax, fontsize: float = 8, ncols: int = 1):
         ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=ncols, frameon=False)
 
 
+def acceptance_intervals(ax, x, measured, bounds, *, color, marker, label):
+    """Measured ratios as markers, each beside the interval that accepts the predicted value (drawn as a bar from
+    bounds[:, 0] to bounds[:, 1]; a marker outside its bar is a rejection)."""
+    bounds = np.asarray(bounds, float)
+    # an unbounded upper end (a prediction too uncertain to bound the ratio) is drawn to twice the largest value
+    top = 2 * max(np.max(measured), np.max(bounds[np.isfinite(bounds)], initial=1.0))
+    bounds = np.where(np.isfinite(bounds), bounds, top)
+    ax.vlines(x, bounds[:, 0], bounds[:, 1], color=color, linewidth=6, alpha=0.25,
+              label=f"{label}: acceptance interval")
+    ax.plot(x, measured, color=color, marker=marker, linestyle="none", label=f"{label}: measured")
+
+
 def predicted_rate(ax, x, x0: float, y0: float, exponent: float, label: str, *, kind: str = "power", **style):
     """The predicted rate as a theory line through (x0, y0): y = y0·(x/x0)^exponent (``kind="power"``, a straight
     line of that slope on log-log axes) or y = y0·exp(exponent·(x − x0)) (``"exponential"``, straight on a

@@ -14,7 +14,8 @@ from scipy import stats as _scipy_stats
 from attnflow import seeding
 
 __all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "clopper_pearson", "RateFit",
-           "fit_exponential_rate", "fit_power_law"]
+           "fit_exponential_rate", "fit_power_law", "satterthwaite_df", "variance_ratio_interval",
+           "widen_for_prediction_error", "welch_df"]
 
 Z_TOLERANCE = 4.0
 
@@ -42,6 +43,44 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     low = 0.0 if k == 0 else float(_scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
     high = 1.0 if k == n else float(_scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
     return low, high
+
+
+def satterthwaite_df(covariance, n_samples: int) -> float:
+    """Degrees of freedom ν of tr Ĉ for the sample covariance Ĉ of ``n_samples`` Gaussian vectors with covariance
+    C: (n − 1)tr Ĉ is Σλᵢχ²_{n−1} (λ the eigenvalues of C), matched in mean and variance by tr C·χ²_ν/ν with
+    ν = (n − 1)(Σλ)²/Σλ² (Satterthwaite 1946)."""
+    eigenvalues = np.clip(np.linalg.eigvalsh(np.asarray(covariance, float)), 0.0, None)
+    if n_samples < 2 or eigenvalues.sum() <= 0:
+        raise ValueError("need n_samples >= 2 and a non-zero covariance")
+    return float((n_samples - 1) * eigenvalues.sum() ** 2 / np.sum(eigenvalues**2))
+
+
+def variance_ratio_interval(df1: float, df2: float | None, alpha: float) -> tuple[float, float]:
+    """Two-sided 1 − α acceptance interval of a ratio of variance estimates whose true ratio is 1: χ²_ν/ν for an
+    estimate against an exact variance (``df2`` None), the F(ν₁, ν₂) distribution for two independent estimates."""
+    if df2 is None:
+        dist = _scipy_stats.chi2(df1)
+        return float(dist.ppf(alpha / 2) / df1), float(dist.ppf(1 - alpha / 2) / df1)
+    dist = _scipy_stats.f(df1, df2)
+    return float(dist.ppf(alpha / 2)), float(dist.ppf(1 - alpha / 2))
+
+
+def widen_for_prediction_error(low: float, high: float, relative_se: float, df: float, alpha: float) -> tuple:
+    """An acceptance interval [low, high] for measured/predicted, widened for a prediction that is itself an
+    estimate, P̂ = P(1 + δ) with δ/``relative_se`` Student-t with ``df`` degrees of freedom: with |δ| <= t·r
+    (probability 1 − α), measured/P̂ lies in [low/(1 + t·r), high/(1 − t·r)]. Spending α here and the interval's own
+    level elsewhere, the two add (Bonferroni). When t·r >= 1 the prediction may be zero at that level and the
+    upper end is unbounded (inf): the comparison can then only fail from below."""
+    widen = float(_scipy_stats.t.isf(alpha / 2, df)) * relative_se
+    return low / (1 + widen), (high / (1 - widen) if widen < 1 else float("inf"))
+
+
+def welch_df(se_a: float, df_a: float, se_b: float, df_b: float) -> float:
+    """Welch–Satterthwaite degrees of freedom of a difference of two independent estimates with standard errors
+    se_a, se_b on df_a, df_b degrees of freedom."""
+    total = se_a**2 + se_b**2
+    parts = (se_a**4 / df_a if se_a else 0.0) + (se_b**4 / df_b if se_b else 0.0)
+    return float(total**2 / parts) if parts > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -172,6 +211,34 @@ def _expanded_alpha(level: float, n_seeds: int) -> float:
     return float(_scipy_stats.norm.cdf(np.sqrt(n_seeds / (n_seeds - 1)) * _scipy_stats.t.ppf(alpha, n_seeds - 1)))
 
 
+def _exponent_estimate(x, y, kind, level, quantile=None):
+    """Checked inputs of an exponent fit and its point estimate: (x, xs = log x or x, y, slope of the log seed
+    statistic on xs). Raises ValueError naming what is wrong."""
+    if kind not in FIT_KINDS:
+        raise ValueError(f"kind must be one of {FIT_KINDS}, got {kind!r}")
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    if y.ndim != 2 or y.shape[0] != x.size:
+        raise ValueError(f"y must have shape (len(x), n_seeds) = ({x.size}, …), got {y.shape}")
+    if np.unique(x).size < 3:
+        raise ValueError("x must hold at least 3 distinct grid values")
+    if y.shape[1] < 2:
+        raise ValueError("an interval over seeds needs at least 2 seeds")
+    if not (0 < level < 1):
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    if not np.all(np.isfinite(y)) or not np.all(np.isfinite(x)):
+        raise ValueError("x and y must be finite")
+    if kind == "loglog" and np.any(x <= 0):
+        raise ValueError("x must be > 0 for a log-log fit")
+    xs = np.log(x) if kind == "loglog" else x
+    if quantile is not None and not (0 < quantile < 1):
+        raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
+    means = _seed_statistic(y, quantile)
+    if np.any(means <= 0):
+        raise ValueError("the seed statistic of y must be > 0 at every grid value to take logs")
+    return x, xs, y, float(_slopes(xs, np.log(means)))
+
+
 def fit_exponent_t(x, y, *, kind: str = "loglog", level: float = 0.95) -> ExponentFit:
     """The exponent of the seed-mean of ``y`` against ``x`` with a delta-method Student-t interval over seeds.
 
@@ -181,14 +248,12 @@ def fit_exponent_t(x, y, *, kind: str = "loglog", level: float = 0.95) -> Expone
     values at every x stay together, which keeps the correlation of a paired design (one seed's draws shared by
     every grid value). The reference is Student's t with n − 1 degrees of freedom. Unlike a percentile bootstrap
     of a few seeds, it does not shrink with the sample when a skewed mean comes out low."""
-    fit = fit_exponent(x, y, kind=kind, n_boot=2, level=level, seed=0)  # validates the input; estimate only
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    xs = np.log(x) if kind == "loglog" else x
+    x, xs, y, estimate = _exponent_estimate(x, y, kind, level)
     weights = (xs - xs.mean()) / np.sum((xs - xs.mean()) ** 2)
     z = (weights / y.mean(axis=1)) @ y
     n_seeds = y.shape[1]
     half = float(_scipy_stats.t.ppf(0.5 + level / 2, n_seeds - 1) * z.std(ddof=1) / np.sqrt(n_seeds))
-    return ExponentFit(kind=kind, estimate=fit.estimate, low=fit.estimate - half, high=fit.estimate + half,
+    return ExponentFit(kind=kind, estimate=estimate, low=estimate - half, high=estimate + half,
                        level=level, n_boot=0, n_seeds=n_seeds,
                        method=f"delta method over seeds, Student t with {n_seeds - 1} degrees of freedom")
 
@@ -198,12 +263,10 @@ def fit_exponent_difference(x, y_a, y_b, *, seed, kind: str = "loglog", n_boot: 
     """Exponent of ``y_a`` minus exponent of ``y_b`` (both (n_x, n_seeds), seed i of each measured on the same
     data), with a paired bootstrap over seeds: resampling the same seeds for both keeps their correlation, so the
     interval is narrower than comparing two separate intervals."""
-    fit_a = fit_exponent(x, y_a, kind=kind, n_boot=2, level=level, seed=seed)  # validates; estimate only
-    fit_b = fit_exponent(x, y_b, kind=kind, n_boot=2, level=level, seed=seed)
-    y_a, y_b = np.asarray(y_a, float), np.asarray(y_b, float)
+    _, xs, y_a, estimate_a = _exponent_estimate(x, y_a, kind, level)
+    _, _, y_b, estimate_b = _exponent_estimate(x, y_b, kind, level)
     if y_a.shape != y_b.shape:
         raise ValueError(f"y_a and y_b must have the same shape, got {y_a.shape} and {y_b.shape}")
-    xs = np.log(np.asarray(x, float)) if kind == "loglog" else np.asarray(x, float)
     n_seeds = y_a.shape[1]
     columns = np.random.default_rng(seeding.as_seed_sequence(seed)).integers(0, n_seeds, size=(n_boot, n_seeds))
     means_a, means_b = y_a[:, columns].mean(axis=2).T, y_b[:, columns].mean(axis=2).T
@@ -211,7 +274,7 @@ def fit_exponent_difference(x, y_a, y_b, *, seed, kind: str = "loglog", n_boot: 
     differences = _slopes(xs, np.log(means_a[valid])) - _slopes(xs, np.log(means_b[valid]))
     expanded = _expanded_alpha(level, n_seeds)
     low, high = np.quantile(differences, [expanded, 1 - expanded])
-    return ExponentFit(kind=kind, estimate=fit_a.estimate - fit_b.estimate, low=float(low), high=float(high),
+    return ExponentFit(kind=kind, estimate=estimate_a - estimate_b, low=float(low), high=float(high),
                        level=level, n_boot=int(valid.sum()), n_seeds=n_seeds)
 
 
@@ -244,29 +307,7 @@ def fit_exponent(x, y, *, seed, kind: str = "loglog", n_boot: int = 2000, level:
     quantile : float in (0, 1), optional
         Fit this quantile over seeds instead of the mean (e.g. 0.9 for a critical batch that 90% of seeds reach).
     """
-    if kind not in FIT_KINDS:
-        raise ValueError(f"kind must be one of {FIT_KINDS}, got {kind!r}")
-    x = np.asarray(x, float)
-    y = np.asarray(y, float)
-    if y.ndim != 2 or y.shape[0] != x.size:
-        raise ValueError(f"y must have shape (len(x), n_seeds) = ({x.size}, …), got {y.shape}")
-    if np.unique(x).size < 3:
-        raise ValueError("x must hold at least 3 distinct grid values")
-    if y.shape[1] < 2:
-        raise ValueError("a bootstrap over seeds needs at least 2 seeds")
-    if not (0 < level < 1):
-        raise ValueError(f"level must lie in (0, 1), got {level}")
-    if not np.all(np.isfinite(y)) or not np.all(np.isfinite(x)):
-        raise ValueError("x and y must be finite")
-    xs = np.log(x) if kind == "loglog" else x
-    if kind == "loglog" and np.any(x <= 0):
-        raise ValueError("x must be > 0 for a log-log fit")
-    if quantile is not None and not (0 < quantile < 1):
-        raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
-    means = _seed_statistic(y, quantile)
-    if np.any(means <= 0):
-        raise ValueError("the seed statistic of y must be > 0 at every grid value to take logs")
-    estimate = float(_slopes(xs, np.log(means)))
+    x, xs, y, estimate = _exponent_estimate(x, y, kind, level, quantile)
     rng = np.random.default_rng(seeding.as_seed_sequence(seed))
     n_seeds = y.shape[1]
     columns = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
