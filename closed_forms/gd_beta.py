@@ -55,6 +55,11 @@ __all__ = [
     "flow_limit",
     "LocalRates",
     "local_rates",
+    "SlowModes",
+    "slow_modes",
+    "gamma_response",
+    "risk_hessian",
+    "conditional_gradient_moments",
     "snr",
     "excess_risk_sandwich",
     "large_context_ratio_limit",
@@ -106,6 +111,11 @@ class GDBetaProblem:
         object.__setattr__(self, "beta_star", check.finite_array(self.beta_star, "beta_star", shape=(d,)))
         object.__setattr__(self, "sigma2", check.real(self.sigma2, "sigma2", minimum=0.0))
         object.__setattr__(self, "N", check.integer(self.N, "N", minimum=1))
+        # The closed forms multiply up to four of these (fourth moments): beyond 1e75 an intermediate overflows.
+        for name in ("H", "Psi", "beta_star", "sigma2"):
+            size = float(np.max(np.abs(getattr(self, name)))) if np.size(getattr(self, name)) else 0.0
+            if size > 1e75:
+                raise ValueError(f"{name} has entries of size {size:.3g}; at most 1e75 keeps the fourth moments finite")
 
     # ---- constructors ----------------------------------------------------------------------------
     @classmethod
@@ -262,6 +272,10 @@ def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarra
         raise ValueError(f"beta0 must have shape (..., {d}), got {beta0.shape}")
     if Gamma.ndim < 2 or Gamma.shape[-2:] != (d, d):
         raise ValueError(f"Gamma must have shape (..., {d}, {d}), got {Gamma.shape}")
+    for name, value in (("beta0", beta0), ("Gamma", Gamma)):
+        if value.size and float(np.max(np.abs(value))) > 1e75:  # the risk is a quartic: its terms must stay finite
+            raise ValueError(f"{name} has entries of size {float(np.max(np.abs(value))):.3g}; at most 1e75 keeps "
+                             "the risk's fourth-order terms finite")
     return beta0, Gamma
 
 
@@ -703,12 +717,17 @@ class LocalRates:
     beta_uniform: float
 
 
-def local_rates(problem: GDBetaProblem) -> LocalRates:
+def _linearisation(problem: GDBetaProblem) -> tuple[np.ndarray, np.ndarray]:
+    """(orthonormal basis of range(H), B(Γ*)): what the flow's linearisation at (β*, Γ*) is built from."""
     problem.require_optimum_defined()
     basis = problem.H_range_basis
     if basis.shape[1] == 0:
         raise ValueError("H must be non-zero for the gradient flow to move")
-    B = beta_curvature(problem, optimal_gamma(problem))
+    return basis, beta_curvature(problem, optimal_gamma(problem))
+
+
+def local_rates(problem: GDBetaProblem) -> LocalRates:
+    basis, B = _linearisation(problem)
     B_range = basis.T @ ((B + B.T) / 2) @ basis
     rate_beta = 2 * float(np.linalg.eigvalsh(B_range).min())
     H_range = np.linalg.eigvalsh(basis.T @ problem.H @ basis)
@@ -717,6 +736,63 @@ def local_rates(problem: GDBetaProblem) -> LocalRates:
     rate_gamma = 2 * float(H_range.min() * K_range.min())
     return LocalRates(beta=rate_beta, gamma_mode=rate_gamma, gamma_tail=min(rate_gamma, 2 * rate_beta),
                       beta_uniform=4 * float(H_range.min()) / (problem.N + 1))
+
+
+@dataclass(frozen=True)
+class SlowModes:
+    """Eigen-directions of the linearised flow at (β*, Γ*) on range(H) (docs/gd_beta.md §9 "Rates", item 4).
+
+    beta : unit v with B(Γ*)v = (rate/2)v for the β₀ rate of :func:`local_rates`.
+    gamma : unit-Frobenius u wᵀ with Hu = λ₊(H)u and Kw = λ₊(K)w, K = H^{1/2}ΩH^{1/2}; the linear Γ field maps it to
+        −2H(uwᵀ)K = −gamma_mode · uwᵀ.
+    H_eig, K_eig : (eigenvalues, eigenvectors as columns) of H and K restricted to range(H), in ambient coordinates.
+    """
+
+    beta: np.ndarray
+    gamma: np.ndarray
+    H_eig: tuple[np.ndarray, np.ndarray]
+    K_eig: tuple[np.ndarray, np.ndarray]
+
+
+def slow_modes(problem: GDBetaProblem) -> SlowModes:
+    basis, B = _linearisation(problem)
+
+    def range_eigh(M):
+        values, vectors = np.linalg.eigh(basis.T @ ((M + M.T) / 2) @ basis)
+        return values, basis @ vectors
+
+    _, B_vectors = range_eigh(B)
+    h, U = range_eigh(problem.H)
+    k, W = range_eigh(problem.H_half @ omega(problem) @ problem.H_half)
+    return SlowModes(beta=B_vectors[:, 0], gamma=np.outer(U[:, 0], W[:, 0]), H_eig=(h, U), K_eig=(k, W))
+
+
+def gamma_response(problem: GDBetaProblem, amplitude: float, times) -> np.ndarray:
+    """Γ(t) − Γ* to second order in a, for the flow started at (β* + a·v, Γ*) with v the slow β₀ mode
+    (docs/gd_beta.md §9 "Rates", item 4). Returns an array (len(times), d, d).
+
+    To first order e(t) = β₀ − β* = a e^{−rt}v with r the β₀ rate; Γ* zeroes the field at e = 0, so D = Γ − Γ* obeys
+    Ḋ = −2HDK + a²e^{−2rt}F, F = 2Hvvᵀ H − 2HΓ*[(N+1)/N · Hvvᵀ H + (vᵀHv)/N · H],
+    up to O(a⁴). In the eigenbases H = Σ hᵢuᵢuᵢᵀ, K = Σ kⱼwⱼwⱼᵀ, with F̃ᵢⱼ = uᵢᵀFwⱼ and γᵢⱼ = 2hᵢkⱼ,
+    D̃ᵢⱼ(t) = a²F̃ᵢⱼ (e^{−2rt} − e^{−γᵢⱼt}) / (γᵢⱼ − 2r)   (a²F̃ᵢⱼ t e^{−2rt} when γᵢⱼ = 2r),
+    so the tail decays at min(γ₁₁, 2r) = ``LocalRates.gamma_tail``.
+    """
+    times = check.finite_array(times, "times")
+    amplitude = check.real(amplitude, "amplitude")
+    modes = slow_modes(problem)
+    r = local_rates(problem).beta
+    H, N, v = problem.H, problem.N, modes.beta
+    Hv = H @ v
+    F = 2 * np.outer(Hv, Hv) - 2 * H @ optimal_gamma(problem) @ ((N + 1) / N * np.outer(Hv, Hv) + (v @ Hv) / N * H)
+    (h, U), (k, W) = modes.H_eig, modes.K_eig
+    F_tilde = U.T @ F @ W
+    gamma = 2 * np.outer(h, k)
+    t = times[:, None, None]
+    gap = gamma - 2 * r
+    resonant = np.abs(gap) <= 1e-9 * gamma
+    safe_gap = np.where(resonant, 1.0, gap)
+    profile = np.where(resonant, t * np.exp(-2 * r * t), (np.exp(-2 * r * t) - np.exp(-gamma * t)) / safe_gap)
+    return amplitude**2 * U @ (F_tilde * profile) @ W.T
 
 
 # ==================================================================================================
@@ -745,3 +821,128 @@ def large_context_ratio_limit(problem: GDBetaProblem) -> float:
     if r == 0:
         raise ValueError("Psi must satisfy tr(H Psi) > 0 for the GD-beta/Bayes ratio")
     return 1 + (r + 1) / r * snr(problem)
+
+
+# ==================================================================================================
+# Gradient noise: moments of the per-prompt gradient (docs/gd_beta.md §12)
+# ==================================================================================================
+
+
+def risk_hessian(problem: GDBetaProblem, beta0, Gamma, step: float = 1e-5) -> np.ndarray:
+    """∇²R at (β₀, Γ) in the flat coordinates (β₀, vec Γ) of :func:`flow_state`, by central differences of the
+    closed-form gradient (G.4, G.5). R is a polynomial of degree 4, so the error is O(step²·‖∇⁴R‖), about 1e-10."""
+    d = problem.d
+    theta = flow_state(beta0, Gamma)
+    columns = []
+    for k in range(theta.size):
+        offset = np.zeros(theta.size)
+        offset[k] = step
+        plus = flow_state(*risk_gradient(problem, *unpack_flow_state(theta + offset, d)))
+        minus = flow_state(*risk_gradient(problem, *unpack_flow_state(theta - offset, d)))
+        columns.append((plus - minus) / (2 * step))
+    hessian = np.column_stack(columns)
+    return (hessian + hessian.T) / 2
+
+
+@njit(cache=True)
+def _conditional_moment_sums(X, y, beta, beta0, Gamma, H, sigma2):
+    """Σ_c E[ĝ | c], Σ_c E[ĝ | c]E[ĝ | c]ᵀ and Σ_c E[ĝĝᵀ | c] over contexts c = (X, y, β), integrating the query
+    (x_q, ε_q) exactly (docs/gd_beta.md §12): ĝ = 2rLx_q with r = x_qᵀu − ε_q, u = β₀ + Γg − β,
+    g = Xᵀ(y − Xβ₀)/N and L = [P; x ↦ vec(x gᵀ)], P = I − ŜΓᵀ, Ŝ = XᵀX/N, so E[ĝ | c] = 2LHu and
+    E[ĝĝᵀ | c] = 4LMLᵀ, M = (uᵀHu + σ²)H + 2Hu uᵀH. In blocks, LMLᵀ = [[PMPᵀ, PM ⊗ gᵀ], [·, M ⊗ ggᵀ]] with
+    Γ-index (j, l) ↦ d + jd + l; scalar loops, O(Nd² + d⁴) per context, no temporaries."""
+    n, N, d = X.shape
+    p = d + d * d
+    mean_sum = np.zeros(p)
+    mean_outer = np.zeros((p, p))
+    second_sum = np.zeros((p, p))
+    g = np.empty(d)
+    u = np.empty(d)
+    Hu = np.empty(d)
+    S = np.empty((d, d))
+    P = np.empty((d, d))
+    M = np.empty((d, d))
+    PM = np.empty((d, d))
+    m = np.empty(p)
+    for c in range(n):
+        g[:] = 0.0
+        S[:, :] = 0.0
+        for k in range(N):
+            r = y[c, k]
+            for j in range(d):
+                r -= X[c, k, j] * beta0[j]
+            for j in range(d):
+                g[j] += X[c, k, j] * r / N
+                for l in range(d):
+                    S[j, l] += X[c, k, j] * X[c, k, l] / N
+        for j in range(d):
+            acc = beta0[j] - beta[c, j]
+            for l in range(d):
+                acc += Gamma[j, l] * g[l]
+            u[j] = acc
+        uHu = 0.0
+        for j in range(d):
+            acc = 0.0
+            for l in range(d):
+                acc += H[j, l] * u[l]
+            Hu[j] = acc
+            uHu += u[j] * acc
+        for j in range(d):
+            for l in range(d):
+                M[j, l] = (uHu + sigma2) * H[j, l] + 2.0 * Hu[j] * Hu[l]
+                acc = 1.0 if j == l else 0.0
+                for k in range(d):
+                    acc -= S[j, k] * Gamma[l, k]
+                P[j, l] = acc
+        for j in range(d):
+            for l in range(d):
+                acc = 0.0
+                for k in range(d):
+                    acc += P[j, k] * M[k, l]
+                PM[j, l] = acc
+        for j in range(d):
+            acc = 0.0
+            for k in range(d):
+                acc += P[j, k] * Hu[k]
+            m[j] = 2.0 * acc
+            for l in range(d):
+                m[d + j * d + l] = 2.0 * Hu[j] * g[l]
+        for a in range(p):
+            mean_sum[a] += m[a]
+            for b in range(p):
+                mean_outer[a, b] += m[a] * m[b]
+        for a in range(d):
+            for b in range(d):
+                acc = 0.0
+                for k in range(d):
+                    acc += PM[a, k] * P[b, k]
+                second_sum[a, b] += 4.0 * acc
+            for j in range(d):
+                for l in range(d):
+                    value = 4.0 * PM[a, j] * g[l]
+                    second_sum[a, d + j * d + l] += value
+                    second_sum[d + j * d + l, a] += value
+        for j in range(d):
+            for l in range(d):
+                for j2 in range(d):
+                    for l2 in range(d):
+                        second_sum[d + j * d + l, d + j2 * d + l2] += 4.0 * M[j, j2] * g[l] * g[l2]
+    return mean_sum, mean_outer, second_sum
+
+
+def conditional_gradient_moments(problem: GDBetaProblem, X, y, beta, beta0, Gamma):
+    """Sums over the contexts (X, y, β) — arrays (n, N, d), (n, N), (n, d) — of the per-prompt gradient's
+    conditional mean, its outer product, and its conditional second moment, the query integrated exactly
+    (docs/gd_beta.md §12). Returns (mean_sum (p,), mean_outer_sum (p, p), second_sum (p, p)), p = d + d²."""
+    d, N = problem.d, problem.N
+    X = check.finite_array(X, "X", ndim=3)
+    if X.shape[1:] != (N, d):
+        raise ValueError(f"X must have shape (n, {N}, {d}), got {X.shape}")
+    y = check.finite_array(y, "y", shape=X.shape[:2])
+    beta = check.finite_array(beta, "beta", shape=(X.shape[0], d))
+    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
+    if beta0.ndim != 1:
+        raise ValueError("conditional_gradient_moments takes a single (beta0, Gamma), not a batch")
+    c = np.ascontiguousarray
+    return _conditional_moment_sums(c(X), c(y), c(beta), c(beta0, dtype=float), c(Gamma, dtype=float),
+                                    c(problem.H), float(problem.sigma2))

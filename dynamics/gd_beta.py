@@ -5,6 +5,8 @@ The mathematics lives in :mod:`attnflow.closed_forms.gd_beta`; this module draws
 from __future__ import annotations
 
 
+from dataclasses import dataclass
+
 import numpy as np
 from numba import njit
 
@@ -16,7 +18,8 @@ from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from attnflow.seeding import SeedLike, generators
 
 from .montecarlo import MonteCarloMean, RegressionPrompts, Trajectory, monte_carlo_mean, prompt_risk
-from .optimizers import OPTIMIZERS
+from .diffusion import NoiseBand, gaussian_noise_paths, linear_noise, pool_size
+from .optimizers import OPTIMIZERS, cosine_schedule
 
 __all__ = [
     "Prompts",
@@ -29,7 +32,13 @@ __all__ = [
     "make_model",
     "minibatch_gradient",
     "minibatch_trajectory",
- "population", "minibatch"]
+ "population", "minibatch",
+    "ContextPool",
+    "context_pool",
+    "gradient_noise_covariance",
+    "sgd_linear_noise",
+    "sgd_gaussian_noise_paths",
+]
 
 
 # ==================================================================================================
@@ -88,6 +97,9 @@ def bayes_risk(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, chunk
 # ==================================================================================================
 
 
+FLOW_MAX_STEPS = 1_000_000  # the integrator's step budget for the flow
+
+
 @njit(cache=True)
 def flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """The DOPRI5 loop bound to the GD-β flow (6.1), for ``solve_dopri5(..., loop=flow_dopri5)``."""
@@ -109,12 +121,22 @@ def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_e
     Gamma = np.zeros((d, d)) if Gamma is None else check.finite_array(Gamma, "Gamma", shape=(d, d))
     rates = cf.local_rates(problem)
     if t_end is None:
-        t_end = 30.0 / min(rates.beta, rates.gamma_tail)
+        slowest = min(rates.beta, rates.gamma_tail)
+        if not (slowest > 0 and np.isfinite(30.0 / slowest)):
+            raise ValueError(f"H: the flow's slowest local rate is {slowest:.3g}, too small for the default t_end = "
+                             "30 / rate (H's nonzero eigenvalues are too small); give t_end")
+        t_end = 30.0 / slowest
     t_end = check.real(t_end, "t_end", minimum=0.0, strict=True)
+    # DOPRI5 is explicit: near the optimum its step is at most ≈ 3.3/λ_max(∇²R), and the flow ends there, so a run
+    # to t_end needs at least t_end·λ_max/3.3 steps. Refuse at once what the step budget cannot reach.
+    curvature = float(np.linalg.eigvalsh(cf.risk_hessian(problem, problem.beta_star, cf.optimal_gamma(problem))).max())
+    if t_end * curvature / 3.3 > FLOW_MAX_STEPS:
+        raise ValueError(f"t_end = {t_end:.3g} needs more than {FLOW_MAX_STEPS:.0e} integrator steps near the optimum "
+                         f"(largest curvature {curvature:.3g}); choose t_end <= {3.3 * FLOW_MAX_STEPS / curvature:.3g}")
     n_points = check.integer(n_points, "n_points", minimum=2)
     times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
     sol = solve_dopri5(cf.gradient_flow_rhs, cf.flow_state(beta0, Gamma), times, cf.pack_flow_params(problem),
-                       rtol=rtol, atol=atol, loop=flow_dopri5)
+                       rtol=rtol, atol=atol, loop=flow_dopri5, max_steps=FLOW_MAX_STEPS)
     betas, Gammas = cf.unpack_flow_state(sol.y, d)
     beta_inf, Gamma_inf = cf.flow_limit(problem, beta0, Gamma)
     risk = cf.icl_risk(problem, betas, Gammas)
@@ -436,6 +458,93 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
                       metrics=dict(risk=np.array(risks), batch_loss=np.array(losses)),
                       info=dict(model=model, optimizer=optimizer, lr=lr, batch_size=batch_size, steps=steps,
                                 value_init=value_init, init_scale=init_scale))
+
+
+# ==================================================================================================
+# The diffusion tier: gradient noise, the linear-noise approximation and Gaussian-noise paths of SGD
+# (docs/gd_beta.md §12, docs/diffusion.md)
+# ==================================================================================================
+
+
+@dataclass(frozen=True)
+class ContextPool:
+    """Fixed contexts (X, y, β) on which Σ(β₀, Γ) is estimated, split into ``n_batches`` equal batches; the same
+    pool at every step makes Σ̂ a smooth function of the parameters (common random numbers)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    beta: np.ndarray
+    n_batches: int
+
+
+def context_pool(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, n_batches: int = 16) -> ContextPool:
+    n_contexts = pool_size(n_contexts, n_batches)
+    if n_contexts > 10_000_000:
+        raise ValueError(f"n_contexts must be at most 10^7 (memory), got {n_contexts}")
+    prompts = sample_prompts(problem, n_contexts, generators(seed, 1)[0])
+    return ContextPool(X=prompts.X, y=prompts.y, beta=np.ascontiguousarray(prompts.beta), n_batches=n_batches)
+
+
+def gradient_noise_covariance(problem: GDBetaProblem, beta0, Gamma, pool: ContextPool) -> np.ndarray:
+    """Σ(β₀, Γ) = Cov of the per-prompt gradient of the squared loss, in the flat coordinates (β₀, vec Γ): one
+    unbiased estimate per batch of ``pool``, shape (n_batches, p, p), p = d + d² (docs/gd_beta.md §12).
+
+    Each batch of m contexts gives Σ̂ = (1/m)Σ_c E[ĝĝᵀ | c] − m̂m̂ᵀ + K̂/m, with m̂ the mean of the conditional
+    means E[ĝ | c] and K̂ their sample covariance: E[m̂m̂ᵀ] = ∇R∇Rᵀ + Cov(E[ĝ | c])/m, so the last term removes the
+    bias of m̂m̂ᵀ and Σ̂ stays positive semi-definite."""
+    m = pool.X.shape[0] // pool.n_batches
+    out = []
+    for b in range(pool.n_batches):
+        part = slice(b * m, (b + 1) * m)
+        mean_sum, mean_outer, second_sum = cf.conditional_gradient_moments(problem, pool.X[part], pool.y[part],
+                                                                           pool.beta[part], beta0, Gamma)
+        mean = mean_sum / m
+        spread = (mean_outer / m - np.outer(mean, mean)) * m / (m - 1)
+        out.append(second_sum / m - np.outer(mean, mean) + spread / m)
+    return np.array(out)
+
+
+def _flat_closed_forms(problem: GDBetaProblem, pool: ContextPool):
+    d = problem.d
+
+    def gradient(theta):
+        return cf.flow_state(*cf.risk_gradient(problem, *cf.unpack_flow_state(theta, d)))
+
+    def hessian(theta):
+        return cf.risk_hessian(problem, *cf.unpack_flow_state(theta, d))
+
+    def noise(theta):
+        return gradient_noise_covariance(problem, *cf.unpack_flow_state(theta, d), pool)
+
+    return gradient, hessian, noise
+
+
+def _sgd_schedule(steps, lr, record_every):
+    """(η_1, …, η_steps) of minibatch_trajectory's SGD, and its recorded steps."""
+    steps = check.integer(steps, "steps", minimum=1)
+    lr = check.real(lr, "lr", minimum=0.0, strict=True)
+    record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)
+    return cosine_schedule(lr, steps), np.unique(np.append(np.arange(0, steps + 1, record_every), steps))
+
+
+def sgd_linear_noise(problem: GDBetaProblem, batch_size: int, steps: int, lr: float, pool: ContextPool, *,
+                     record_every: int | None = None) -> NoiseBand:
+    """The LNA (docs/diffusion.md) of SGD on GD-β from (0, 0) — :func:`minibatch_trajectory` with
+    ``optimizer="sgd"`` and its cosine steps — recorded at the same steps as that trajectory."""
+    rates, record = _sgd_schedule(steps, lr, record_every)
+    gradient, hessian, noise = _flat_closed_forms(problem, pool)
+    return linear_noise(np.zeros(problem.d + problem.d**2), rates, batch_size,
+                        gradient=gradient, hessian=hessian, noise_covariance=noise, record=record)
+
+
+def sgd_gaussian_noise_paths(problem: GDBetaProblem, batch_size: int, steps: int, lr: float, pool: ContextPool, *,
+                             n_paths: int, seed: SeedLike, record_every: int | None = None) -> np.ndarray:
+    """SGD on GD-β with each minibatch gradient replaced by ∇R + Gaussian noise of covariance Σ(θ)/B
+    (:func:`gaussian_noise_paths`); states (n_paths, n_records, d + d²) at the steps of :func:`sgd_linear_noise`."""
+    rates, record = _sgd_schedule(steps, lr, record_every)
+    gradient, _, noise = _flat_closed_forms(problem, pool)
+    return gaussian_noise_paths(np.zeros(problem.d + problem.d**2), rates, batch_size,
+                                gradient=gradient, noise_covariance=noise, n_paths=n_paths, seed=seed, record=record)
 
 
 # ==================================================================================================

@@ -203,6 +203,44 @@ def test_local_rates_are_the_eigenvalues_of_the_linearised_flow():
     assert gamma_block.min() == pytest.approx(rates.gamma_mode, rel=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["full rank", "singular H"])
+def test_slow_modes_are_eigenvectors_of_the_linearised_flow(kind):
+    """Exact identities (docs/gd_beta.md §9 item 4): B(Γ*)v = (r/2)v and −2H(uwᵀ)K = −γ·uwᵀ, both on range(H)."""
+    problem = random_problem(kind)
+    rates, modes = cf.local_rates(problem), cf.slow_modes(problem)
+    B = cf.beta_curvature(problem, cf.optimal_gamma(problem))
+    K = problem.H_half @ cf.omega(problem) @ problem.H_half
+    np.testing.assert_allclose(B @ modes.beta, rates.beta / 2 * modes.beta, atol=1e-12)
+    np.testing.assert_allclose(problem.H_range_projector @ modes.beta, modes.beta, atol=1e-12)
+    np.testing.assert_allclose(2 * problem.H @ modes.gamma @ K, rates.gamma_mode * modes.gamma, atol=1e-12)
+    assert np.linalg.norm(modes.gamma) == pytest.approx(1.0)
+
+
+def test_gamma_response_matches_an_independent_integration_of_the_flow():
+    """Γ − Γ* from (β* + a·v, Γ*) against scipy's DOP853 on the raw field (risk_gradient): the neglected terms are
+    O(a²) relative, so halving a quarters the deviation (a ≥ 0.05 keeps it above the integrator floor)."""
+    from scipy.integrate import solve_ivp
+
+    problem = random_problem("full rank")
+    d, v = problem.d, cf.slow_modes(problem).beta
+    gamma_star = cf.optimal_gamma(problem)
+    times = np.linspace(0.0, 10.0 / cf.local_rates(problem).gamma_tail, 60)[1:]
+
+    def field(t, y):
+        g_beta, g_gamma = cf.risk_gradient(problem, y[:d], y[d:].reshape(d, d))
+        return -np.concatenate([g_beta, g_gamma.ravel()])
+
+    deviations = []
+    for a in (1e-1, 5e-2):
+        y0 = np.concatenate([problem.beta_star + a * v, gamma_star.ravel()])
+        sol = solve_ivp(field, (0.0, times[-1]), y0, method="DOP853", t_eval=times, rtol=1e-13, atol=1e-16)
+        D = sol.y[d:].T.reshape(-1, d, d) - gamma_star
+        predicted = cf.gamma_response(problem, a, times)
+        deviations.append(np.max(np.linalg.norm(D - predicted, axis=(1, 2)) / np.linalg.norm(predicted, axis=(1, 2))))
+    assert deviations[0] < 1e-2
+    assert deviations[1] / deviations[0] == pytest.approx(0.25, rel=0.1)
+
+
 # ---- docs/gd_beta.md §6: LSA / LTB read-out moments ------------------------------------------------------------------
 def _features(problem, prompts, a, b, constant):
     N = problem.N

@@ -447,8 +447,8 @@ def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
     reference=f"{PAPER}: Lemma G.2 and Theorem 6.3 (rates of docs/gd_beta.md §9)",
     statement="Gradient flow on (β₀, Γ) converges to (β*, Γ*) (plus the unmoved null-space parts for singular H) "
               "from zero and random starts, with non-increasing risk, ‖P_R(β₀ − β*)‖² <= e^{−4λ₊t/(N+1)}‖·‖₀² "
-              "along the path, and local rates 2λ_min(B(Γ*)) for β₀, 2λ₊(H)λ₊(H^{1/2}ΩH^{1/2}) for Γ, and "
-              "min(Γ rate, 2·β rate) for Γ's tail from (0, 0).",
+              "along the path, and local rates 2λ_min(B(Γ*)) for β₀ and 2λ₊(H)λ₊(H^{1/2}ΩH^{1/2}) for Γ; β₀'s "
+              "error drives Γ at second order, so Γ's tail decays at min(Γ rate, 2·β rate).",
     quick=dict(d=3, N=10, n_random_starts=2),
     full=dict(d=6, N=20, n_random_starts=8),
 )
@@ -462,7 +462,9 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
         starts.append(("full rank", full_rank, f"random {k + 1}", rng.normal(size=d), rng.normal(size=(d, d)) / d))
     starts.append(("singular H", singular, "random", rng.normal(size=d), rng.normal(size=(d, d)) / d))
 
-    converge_tol, monotone_tol, rate_tol = 1e-7, 1e-10, 0.01
+    # The integrator (rtol 1e-10) resolves a state of size ~1 to ~1e-9 absolute: the β₀ bound is checked above
+    # that floor, as its square.
+    converge_tol, monotone_tol, bound_floor = 1e-7, 1e-10, 1e-9
     rows, zero_run = [], None
     for label, problem, start, beta0, Gamma in starts:
         run = dyn.population_trajectory(problem, beta0, Gamma)
@@ -472,70 +474,92 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
         e_range = (run.states["beta0"] - problem.beta_star) @ problem.H_range_projector.T
         sq = np.sum(e_range**2, axis=1)
         bound = np.exp(-rates.beta_uniform * run.times) * sq[0]
+        floor = (bound_floor * (1 + np.linalg.norm(problem.beta_star))) ** 2
         rows.append(dict(problem=label, start=start, initial_error=initial, final_error=final,
                          max_risk_increase=float(np.max(np.diff(m["risk"]))),
-                         beta_bound_violation=float(np.max(sq - bound * (1 + 1e-8) - 1e-24)),
+                         beta_bound_violation=float(np.max(sq - bound - floor)),
                          converged=final <= converge_tol * (1 + initial)))
         if label == "full rank" and start == "zero":
             zero_run = run
     rates = zero_run.info["rates"]
-    # Each local rate is exact for a run that excites only its own mode: from (0, Γ*) Γ moves only at second
-    # order in β₀ − β*, so β₀ decays at 2λ_min(B(Γ*)); from (β*, 0) β₀ never moves and Γ's equation is linear.
-    # From (0, 0) both modes mix, and the slower one's transient biases the faster one's apparent rate, so
-    # only the Γ tail rate min(Γ mode, 2·β rate) is checked there.
-    window = (1e-10, 1e-4)
-    beta_only = dyn.population_trajectory(full_rank, np.zeros(d), cf.optimal_gamma(full_rank))
-    gamma_only = dyn.population_trajectory(full_rank, full_rank.beta_star, np.zeros((d, d)))
+
+    # Each local rate is measured on a run that excites only its own eigenmode of the linearised flow
+    # (docs/gd_beta.md §9 item 4), so no slower or faster mode biases a finite-window fit:
+    # from (β* + a·v, Γ*) the β₀ error stays along v and decays at 2λ_min(B(Γ*)) up to O(a²);
+    # from (β*, Γ* + uwᵀ) β₀ never moves and Γ's equation is linear, so ‖Γ − Γ*‖_F decays at the Γ rate exactly.
+    # The Γ error of the first run is second order in a: it must follow the closed-form linear response, whose
+    # tail rate is min(Γ rate, 2·β rate).
+    modes = cf.slow_modes(full_rank)
+    a = 1e-2 * max(1.0, float(np.linalg.norm(full_rank.beta_star)))
+    precise = dict(rtol=1e-12, atol=1e-15)
+    gamma_star = cf.optimal_gamma(full_rank)
+    beta_run = dyn.population_trajectory(full_rank, full_rank.beta_star + a * modes.beta, gamma_star, **precise)
+    gamma_run = dyn.population_trajectory(full_rank, full_rank.beta_star, gamma_star + modes.gamma, **precise)
+    beta_component = np.abs((beta_run.states["beta0"] - full_rank.beta_star) @ modes.beta)
+    window, rate_tol, response_tol, response_floor = (1e-8, 1e-1), 1e-3, 1e-2, 1e-9
     fits = [
-        ("‖β₀ − β*‖ from (0, Γ*)", beta_only, "beta_error", rates.beta),
-        ("‖Γ − Γ*‖_F from (β*, 0)", gamma_only, "gamma_error", rates.gamma_mode),
-        ("‖Γ − Γ*‖_F from (0, 0)", zero_run, "gamma_error", rates.gamma_tail),
+        ("β₀ slow-mode component", beta_run.times, beta_component, rates.beta),
+        ("‖Γ − Γ*‖_F from the slow Γ mode", gamma_run.times, gamma_run.metrics["gamma_error"], rates.gamma_mode),
     ]
-    rate_rows = []
-    for quantity, run, key, predicted in fits:
-        fit = fit_exponential_rate(run.times, run.metrics[key], window)
+    rate_rows, rate_fits = [], []
+    for quantity, t, y, predicted in fits:
+        fit = fit_exponential_rate(t, y, window)
+        rate_fits.append(fit)
         rate_rows.append(dict(quantity=quantity, fitted=-fit.slope, predicted=predicted,
-                              relative_error=abs(-fit.slope - predicted) / predicted, fit=fit))
-    rate_fits = [r.pop("fit") for r in rate_rows]
+                              relative_error=abs(-fit.slope - predicted) / predicted))
+    response = np.linalg.norm(cf.gamma_response(full_rank, a, beta_run.times), axis=(-2, -1))
+    observed = beta_run.metrics["gamma_error"]
+    resolved = response >= response_floor
+    response_error = float(np.max(np.abs(observed[resolved] - response[resolved]) / response[resolved]))
+    tail_fit = fit_exponential_rate(beta_run.times[resolved][-20:], observed[resolved][-20:], (0.0, np.inf))
     risk0 = zero_run.metrics["risk"][0]
     passed = (
         all(r["converged"] for r in rows)
         and all(r["max_risk_increase"] <= monotone_tol * risk0 for r in rows)
         and all(r["beta_bound_violation"] <= 0 for r in rows)
         and all(r["relative_error"] <= rate_tol for r in rate_rows)
+        and response_error <= response_tol
     )
+    details = rows + rate_rows + [dict(quantity="‖Γ − Γ*‖_F driven by the β₀ mode", max_relative_deviation=response_error,
+                                       points_compared=int(resolved.sum()), tail_slope_last_points=-tail_fit.slope,
+                                       asymptotic_tail_rate=rates.gamma_tail)]
 
     def figure():
-        fig, ax = plots.figure(width=6.8, height=4.0)
-        labels = (r"$\|\beta_0 - \beta^*\|$ from $(0, \Gamma^*)$", r"$\|\Gamma - \Gamma^*\|_F$ from $(\beta^*, 0)$",
-                  r"$\|\Gamma - \Gamma^*\|_F$ from $(0, 0)$")
-        for (_, run, key, rate), fit, label, color, marker in zip(fits, rate_fits, labels,
-                                                                  ("tab:blue", "tab:orange", "tab:green"), "osD"):
-            ax.plot(run.times, run.metrics[key], color=color, marker=marker, markersize=4, linestyle="none",
-                    markerfacecolor="none", label=f"{label} (ODE)")
-            x0 = fit.x_range[0]
-            plots.predicted_rate(ax, np.linspace(0.5 * x0, run.times[-1], 50), x0,
-                                 np.exp(fit.intercept + fit.slope * x0), -rate, None, kind="exponential")
-        ax.plot([], [], **plots.THEORY, label=r"predicted rates $e^{-\lambda t}$ (docs/gd_beta.md §9)")
-        plots.finish(ax, "Gradient flow (Thm 6.3): local rates", "flow time $t$", "error", logy=True)
-        ax.set_ylim(1e-15, None)
-        plots.legend_outside(ax)
+        fig, ax = plots.figure(width=6.8, height=5.0)
+        labels = (r"$|v^\top(\beta_0 - \beta^*)|$ from $(\beta^* + a v, \Gamma^*)$",
+                  r"$\|\Gamma - \Gamma^*\|_F$ from $(\beta^*, \Gamma^* + u w^\top)$")
+        for (_, t, y, rate), fit, label, color, marker in zip(fits, rate_fits, labels, ("tab:blue", "tab:orange"), "os"):
+            ax.plot(t, y, color=color, marker=marker, markersize=4, linestyle="none", markerfacecolor="none",
+                    label=f"{label} (ODE)")
+            plots.predicted_rate(ax, t, t[0], y[0], -rate, None, kind="exponential", color=color)
+        ax.plot(beta_run.times, observed, color="tab:green", marker="D", markersize=3, linestyle="none",
+                markerfacecolor="none", label=r"$\|\Gamma - \Gamma^*\|_F$ from $(\beta^* + a v, \Gamma^*)$ (ODE)")
+        plots.theory_line(ax, beta_run.times[1:], response[1:], label=None, color="tab:green")
+        ax.plot([], [], **plots.THEORY, label=r"theory: $e^{-\lambda t}$ at the local rates; linear response of $\Gamma$")
+        plots.finish(ax, "Gradient flow (Thm 6.3): local rates, one mode at a time", "flow time $t$", "error",
+                     logy=True)
+        ax.set_ylim(1e-13, 10)
+        plots.legend_below(ax)
         return fig
 
     return Outcome(
         measured={"beta_rate": rate_rows[0]["fitted"], "gamma_mode_rate": rate_rows[1]["fitted"],
-                  "gamma_tail_rate": rate_rows[2]["fitted"],
+                  "gamma_response_deviation": response_error,
                   "max_final_error": max(r["final_error"] for r in rows),
                   "max_risk_increase": max(r["max_risk_increase"] for r in rows)},
-        predicted={"beta_rate": rates.beta, "gamma_mode_rate": rates.gamma_mode,
-                   "gamma_tail_rate": rates.gamma_tail, "max_final_error": 0.0},
-        labels={"beta_rate": "β rate 2λ_min(B(Γ*))", "gamma_mode_rate": "Γ mode rate", "gamma_tail_rate": "Γ tail rate",
+        predicted={"beta_rate": rates.beta, "gamma_mode_rate": rates.gamma_mode, "gamma_response_deviation": 0.0,
+                   "max_final_error": 0.0},
+        labels={"beta_rate": "β rate 2λ_min(B(Γ*))", "gamma_mode_rate": "Γ mode rate",
+                "gamma_response_deviation": "Γ vs its linear response (tail min(Γ rate, 2β rate)), max rel. dev.",
                 "max_final_error": "max final error", "max_risk_increase": "max risk increase"},
         tolerance=f"final error <= {converge_tol:g}(1 + initial) by t = 30/rate; risk increase <= {monotone_tol:g}·R(0); "
-                  f"β bound at every output time; fitted rates within {rate_tol:.0%}",
-        basis="deterministic ODE at rtol 1e-10: e^{-30} decay plus the integrator's error floor; rate fit on the "
-              f"window error/error(0) ∈ {window}, where sub-leading modes are below 1% of the leading one",
-        passed=bool(passed), details=rows + rate_rows, figure=figure)
+                  f"β bound at every output time above the integrator floor ({bound_floor:g}(1 + ‖β*‖))²; fitted "
+                  f"rates within {rate_tol:g} relative; Γ within {response_tol:g} relative of its linear response "
+                  f"wherever that exceeds {response_floor:g}",
+        basis=f"deterministic ODE (rtol 1e-10, 1e-12 on the single-mode runs); single-mode starts of amplitude "
+              f"a = {a:.2g}, so the neglected terms are O(a²) = {a * a:.0e} relative; rate fits on "
+              f"error/error(0) ∈ {window}; docs/gd_beta.md §9",
+        passed=bool(passed), details=details, figure=figure)
 
 
 # ==================================================================================================
@@ -543,11 +567,20 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
 # ==================================================================================================
 
 
+# A run that does not reach its class optimum: the LTB's value row can be drawn into the spurious minimum of
+# gd_beta.ltb_spurious_minimum even from the label copy (4 of 150 runs of the quick setting, 95% Clopper–Pearson
+# upper bound 6.7%), and LSA runs whose value row crosses b = 0 converge slowly (1 of 150). The claim judges the
+# median seed, so it fails only when half the seeds or more miss; the nominal rate is that binomial tail at
+# STALL_RATE, an upper bound on the per-run rate (docs/gd_beta.md §10).
+STALL_RATE = 0.08
+
+
 @claim(
     "gd_beta.sgd_reaches_optimum",
     reference=f"{PAPER}: Theorems 4.1, 5.2, 5.3 under training (docs/gd_beta.md §10)",
     statement="Adam on freshly sampled prompts trains GD-β and the full LTB to R* and LSA to its (larger) "
-              "exact optimum, within 1% + 4 SE over seeds (value row initialised at the label copy b = 1).",
+              "exact optimum: the median seed's exact risk ends within 1% of the class optimum (value row "
+              "initialised at the label copy b = 1), and no seed beats it.",
     quick=dict(beta_norm_H=2.0, seeds=3, steps=2000, batch_size=128, lr=0.05),
     full=dict(beta_norm_H=2.0, seeds=8, steps=6000, batch_size=512, lr=0.05),
 )
@@ -555,24 +588,29 @@ def sgd_reaches_optimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
     problem = example_problem(beta_norm_H)
     R_star = cf.optimal_risk(problem)
     optima = dict(gd_beta=R_star, ltb=R_star, lsa=cf.optimal_attention_risk(problem, mlp=False).risk)
+    allowance = 0.01
     rows, curves = [], {}
     for model, child in zip(optima, seed.spawn(len(optima))):
         runs = [dyn.minibatch_trajectory(problem, model, batch_size, steps, seed=s, lr=lr) for s in child.spawn(seeds)]
         finals = np.array([run.metrics["risk"][-1] for run in runs])
-        se = finals.std(ddof=1) / np.sqrt(seeds)
-        allowance = 0.01 * optima[model] + Z_TOLERANCE * se
-        # A seed that stalls inflates the SE; requiring a precise estimate keeps the band from swallowing it.
-        precise = se <= 0.005 * optima[model]
-        rows.append(dict(model=model, trained_risk=finals.mean(), standard_error=se, optimum=optima[model],
-                         excess=finals.mean() - optima[model], allowance=allowance, worst_seed=finals.max(),
-                         passed=bool(finals.mean() - optima[model] <= allowance and precise)))
-        curves[model] = (runs[0].times, np.mean([run.metrics["risk"] for run in runs], axis=0))
+        optimum = optima[model]
+        reached = finals <= (1 + allowance) * optimum
+        rows.append(dict(model=model, median_risk=float(np.median(finals)), optimum=optimum,
+                         median_excess=float(np.median(finals) - optimum), seeds_within_1pct=int(reached.sum()),
+                         seeds=seeds, best_seed=float(finals.min()), worst_seed=float(finals.max()),
+                         passed=bool(np.median(finals) <= (1 + allowance) * optimum
+                                     and finals.min() >= optimum * (1 - 1e-9))))
+        curves[model] = (runs[0].times, np.median([run.metrics["risk"] for run in runs], axis=0))
+    # The median fails when at least half the seeds miss (for even seeds, the two middle ones straddle at worst).
+    misses_to_fail = (seeds + 1) // 2
+    per_model = float(scipy_stats.binom.sf(misses_to_fail - 1, seeds, STALL_RATE))
+    false_fail = 1 - (1 - per_model) ** 2  # GD-β has no spurious minimum; LTB and LSA stall
 
     def figure():
         fig, ax = plots.figure(width=6.8)
         for (model, (t, risk)), color, marker in zip(curves.items(), ("tab:blue", "tab:orange", "tab:green"), "osD"):
             ax.plot(t, risk, color=color, linewidth=0.8, marker=marker, markersize=4, markevery=max(1, t.size // 25),
-                    label=f"{model}: Adam, mean of {seeds} seeds")
+                    label=f"{model}: Adam, median of {seeds} seeds")
             plots.theory_line(ax, t, np.full(t.size, optima[model]), label=None, color=color)
         ax.plot([], [], **plots.THEORY, label="closed-form optimum (same colour)")
         plots.finish(ax, rf"Training on fresh prompts, $\|\beta^*\|_H = {beta_norm_H:g}$", "training step",
@@ -581,17 +619,19 @@ def sgd_reaches_optimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
         return fig
 
     return Outcome(
-        measured={f"{r['model']}_risk": r["trained_risk"] for r in rows},
+        measured={f"{r['model']}_risk": r["median_risk"] for r in rows},
         predicted={f"{r['model']}_risk": r["optimum"] for r in rows},
-        labels={f"{r['model']}_risk": f"{r['model']} risk: trained / optimum" for r in rows},
-        tolerance=f"mean trained risk − optimum <= 1%·optimum + {Z_TOLERANCE:g} SE over {seeds} seeds, and SE <= "
-                  "0.5%·optimum (each model)",
-        basis="the trained risk is evaluated exactly (closed form), so only training noise remains: "
-              f"{Z_TOLERANCE:g} standard errors over seeds, plus a 1% allowance for the finite number of steps (docs/gd_beta.md §10)",
-        passed=all(r["passed"] for r in rows), details=rows, figure=figure,
+        labels={f"{r['model']}_risk": f"{r['model']} risk: median trained / optimum" for r in rows},
+        tolerance=f"median over {seeds} seeds of the exact trained risk <= (1 + {allowance:g})·optimum, and no seed "
+                  "below the optimum (each model)",
+        basis="the trained risk is evaluated exactly (closed form), so only training remains: 1% is the allowance for "
+              "a finite number of steps (good runs end 0.03–0.3% above); the median fails only if half the seeds "
+              f"stall, a binomial tail at a per-run stall rate <= {STALL_RATE:g} for LTB and LSA (docs/gd_beta.md §10)",
+        passed=all(r["passed"] for r in rows), details=rows, figure=figure, false_fail_rate=false_fail,
         notes="The LSA optimum exceeds R* by the Theorem 4.1 gap: no amount of training closes it. LTB and LSA "
               "train in the reduced coordinates (c, a, b, Q, q) as in docs/gd_beta.md §10, from the label-copy value row; "
-              "from a random value row some seeds end in the spurious minimum of gd_beta.ltb_spurious_minimum.")
+              "a few runs even from there (and more from a random value row) end in the spurious minimum of "
+              "gd_beta.ltb_spurious_minimum, which is why the median seed is judged.")
 
 
 # ==================================================================================================
@@ -676,6 +716,9 @@ def summary(problem: GDBetaProblem, *, seed, bayes_contexts: int = 20_000) -> di
     ltb = cf.optimal_attention_risk(problem, mlp=True)
     bayes = dyn.bayes_risk(problem, bayes_contexts, seed=seed)
     rates = cf.local_rates(problem)
+    bayes_excess = bayes.mean - problem.sigma2
+    # With Ψ̃ = 0 (or vanishing) neither risk exceeds σ²: the ratio of Corollary 6.2 is 0/0, not a number.
+    ratio = (R_star - problem.sigma2) / bayes_excess if bayes_excess > 1e-300 else "undefined (Bayes excess risk 0)"
     return {
         "d": problem.d, "N": problem.N, "sigma2": problem.sigma2, "SNR tr(HΨ)/σ²": cf.snr(problem),
         "‖β*‖_H": problem.beta_norm_H,
@@ -688,7 +731,7 @@ def summary(problem: GDBetaProblem, *, seed, bayes_contexts: int = 20_000) -> di
         "optimal GD-0 risk (LSA upper bound)": cf.gd0_optimal_risk(problem),
         "Bayes risk (Lemma 6.1, MC)": bayes.mean,
         "Bayes risk standard error": bayes.standard_error,
-        "excess ratio GD-β/Bayes (Cor 6.2)": (R_star - problem.sigma2) / (bayes.mean - problem.sigma2),
+        "excess ratio GD-β/Bayes (Cor 6.2)": ratio,
         "local rate β₀": rates.beta,
         "local rate Γ": rates.gamma_mode,
     }
@@ -733,6 +776,9 @@ def minibatch_gradient_deviation(seed, batch_size, d, N):
     batch_size = int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_size * (problem.N + 1) * problem.d > 10**8:  # the batch is sampled at once: bound its memory
+        raise ValueError(f"batch_size {batch_size} at N = {problem.N}, d = {problem.d} would sample "
+                         f"{8 * batch_size * (problem.N + 1) * problem.d / 1e9:.1f} GB at once (at most 0.8 GB)")
     prompts = dyn.sample_prompts(problem, batch_size, np.random.default_rng(seed))
     loss, g_beta, g_Gamma = dyn.minibatch_gradient(problem, prompts, beta0, Gamma)
     p_beta, p_Gamma = cf.risk_gradient(problem, beta0, Gamma)
@@ -788,6 +834,256 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
         passed=fit.contains(GRADIENT_LAW.exponent),
         details=[dict(batch_size=int(b), mean_squared_deviation=m, standard_error=s) for b, m, s in zip(x, means, ses)],
         figure=figure)
+
+
+# ==================================================================================================
+# The diffusion tier: gradient noise, the linear-noise approximation, Gaussian-noise paths (docs/gd_beta.md §12)
+# ==================================================================================================
+
+# Family-wise nominal false-FAIL rate of each diffusion-tier claim, split by Bonferroni over its comparisons.
+DIFFUSION_FAMILY_RATE = 1e-3
+
+
+def _flat(beta0, Gamma):
+    """(…, d) and (…, d, d) -> (…, d + d²), the coordinates of cf.flow_state."""
+    return np.concatenate([beta0, Gamma.reshape(Gamma.shape[:-2] + (-1,))], axis=-1)
+
+
+def _sgd_paths(problem, batch_size, steps, lr, seed, runs, record_every):
+    """Parameters of ``runs`` SGD runs at the recorded steps, (runs, n_records, p)."""
+    paths = [dyn.minibatch_trajectory(problem, "gd_beta", batch_size, steps, seed=s, lr=lr, optimizer="sgd",
+                                      record_every=record_every) for s in seeding.spawn(seed, runs)]
+    return np.array([_flat(run.states["beta0"], run.states["Gamma"]) for run in paths])
+
+
+def _checkpoints(band, steps, count=3):
+    """Indices into the band's records of the last recorded steps at or before steps/2^(count−1), …, steps/2,
+    steps (the runs record the same steps)."""
+    wanted = [steps // 2 ** (count - 1 - k) for k in range(count)]
+    return sorted({max(0, int(np.searchsorted(band.steps, w, side="right")) - 1) for w in wanted} - {0})
+
+
+@claim(
+    "gd_beta.gradient_noise_covariance",
+    reference=f"{PAPER}: the per-prompt gradient of the squared loss (5.1); docs/gd_beta.md §12",
+    statement="The covariance Σ(β₀, Γ) of the per-prompt gradient, with the query integrated in closed form "
+              "(E[ĝĝᵀ | context] = 4L[(uᵀHu + σ²)H + 2Hu uᵀH]Lᵀ) and the context averaged, equals the covariance of "
+              "brute-force per-prompt gradients of the training kernel, entry by entry.",
+    quick=dict(d=2, N=10, n_contexts=32_000, n_prompts=40_000),
+    full=dict(d=3, N=20, n_contexts=128_000, n_prompts=200_000),
+)
+def gradient_noise_covariance(seed, d, N, n_contexts, n_prompts):
+    problem_seed, point_seed, pool_seed, prompt_seed = seed.spawn(4)
+    problem = GDBetaProblem.random(d, N, seed=problem_seed, sigma2=0.5, beta_norm=1.0)
+    rng = np.random.default_rng(point_seed)
+    beta0, Gamma = rng.normal(size=d) / 2, rng.normal(size=(d, d)) / d
+    estimates = dyn.gradient_noise_covariance(problem, beta0, Gamma, dyn.context_pool(problem, n_contexts,
+                                                                                      seed=pool_seed))
+    predicted = estimates.mean(axis=0)
+    predicted_se = estimates.std(axis=0, ddof=1) / np.sqrt(len(estimates))
+    prompts = dyn.sample_prompts(problem, n_prompts, np.random.default_rng(prompt_seed))
+    grads = np.empty((n_prompts, d + d * d))
+    for i in range(n_prompts):  # the SGD kernel itself, on batches of one prompt: the raw definition
+        one = slice(i, i + 1)
+        _, g_beta, g_Gamma = dyn.minibatch_gradient(problem, dyn.Prompts(
+            X=prompts.X[one], y=prompts.y[one], x_query=prompts.x_query[one], y_query=prompts.y_query[one],
+            beta=prompts.beta[one]), beta0, Gamma)
+        grads[i] = np.concatenate([g_beta, g_Gamma.ravel()])
+    centred = grads - grads.mean(axis=0)
+    measured = centred.T @ centred / (n_prompts - 1)
+    # SE of each product mean from E[(c_a c_b)²] − (E c_a c_b)², without an (n, p, p) array
+    squares = centred**2
+    measured_se = np.sqrt(np.maximum(squares.T @ squares / n_prompts - measured**2, 0.0) / n_prompts)
+    upper = np.triu_indices(d + d * d)
+    z = (measured - predicted)[upper] / np.sqrt(measured_se[upper] ** 2 + predicted_se[upper] ** 2)
+    comparisons = z.size + d + d * d  # the entries of Σ and of the mean gradient
+    alpha = DIFFUSION_FAMILY_RATE / comparisons
+    threshold = float(scipy_stats.norm.isf(alpha / 2))
+    mean_z = (grads.mean(axis=0) - cf.flow_state(*cf.risk_gradient(problem, beta0, Gamma))) / (
+        grads.std(axis=0, ddof=1) / np.sqrt(n_prompts))
+    worst = int(np.argmax(np.abs(z)))
+    return Outcome(
+        measured={"max_abs_z": float(np.abs(z).max()), "trace_sigma": float(np.trace(measured)),
+                  "max_abs_z_mean": float(np.abs(mean_z).max())},
+        predicted={"max_abs_z": 0.0, "trace_sigma": float(np.trace(predicted)), "max_abs_z_mean": 0.0},
+        labels={"max_abs_z": f"max |z| over the {z.size} entries of Σ", "trace_sigma": "tr Σ",
+                "max_abs_z_mean": "max |z|, mean gradient vs closed-form ∇R"},
+        tolerance=f"max |z| < {threshold:.2f} over the {z.size} distinct entries of Σ and the "
+                  f"{d + d * d} entries of the mean gradient",
+        basis=f"z from the standard errors of both estimates (brute force: SE of the products; closed form: "
+              f"spread of {len(estimates)} batch estimates); Bonferroni at family-wise rate "
+              f"{DIFFUSION_FAMILY_RATE:g} over {comparisons} comparisons",
+        passed=bool(np.abs(z).max() < threshold and np.abs(mean_z).max() < threshold),
+        false_fail_rate=DIFFUSION_FAMILY_RATE,
+        details=[dict(entry=str(tuple(int(i) for i in (upper[0][worst], upper[1][worst]))),
+                      measured=float(measured[upper][worst]), predicted=float(predicted[upper][worst]),
+                      z=float(z[worst]), relative_se_of_prediction=float(np.trace(predicted_se) / np.trace(predicted)))])
+
+
+@claim(
+    "gd_beta.lna_matches_sgd_spread",
+    reference=f"{PAPER}: SGD on GD-β (5.1) around its population path; docs/gd_beta.md §12 and docs/diffusion.md",
+    statement="The linear-noise approximation C_{k+1} = A_k C_k A_kᵀ + (η_k²/B)Σ(θ̄_k) predicts the spread of "
+              "minibatch SGD over seeds: the total parameter variance of real runs over its prediction is 1 "
+              "within the seed-count interval, at each batch size and checkpoint.",
+    quick=dict(beta_norm_H=2.0, batch_sizes=(128, 512), runs=64, steps=100, lr=0.05, n_contexts=8000),
+    full=dict(beta_norm_H=2.0, batch_sizes=(128, 512, 2048), runs=128, steps=200, lr=0.05, n_contexts=32_000),
+)
+def lna_matches_sgd_spread(seed, beta_norm_H, batch_sizes, runs, steps, lr, n_contexts):
+    problem = example_problem(beta_norm_H)
+    pool_seed, *run_seeds = seed.spawn(1 + len(batch_sizes))
+    pool = dyn.context_pool(problem, n_contexts, seed=pool_seed)
+    record_every = max(1, steps // 20)
+    results = []
+    for B, run_seed in zip(batch_sizes, run_seeds):
+        band = dyn.sgd_linear_noise(problem, B, steps, lr, pool, record_every=record_every)
+        results.append((B, band, _sgd_paths(problem, B, steps, lr, run_seed, runs, record_every)))
+    checkpoints = _checkpoints(results[0][1], steps)
+    comparisons = len(batch_sizes) * len(checkpoints)
+    # Each comparison spends half its share on the runs' sampling and half on the LNA's own Monte-Carlo error.
+    alpha = DIFFUSION_FAMILY_RATE / comparisons
+    rows = []
+    for B, band, paths in results:
+        traces, trace_ses = band.total_variance()
+        for i in checkpoints:
+            predicted = float(traces[i])
+            relative_se = float(trace_ses[i] / predicted)
+            measured = float(np.sum(paths[:, i].var(axis=0, ddof=1)))
+            df = stats.satterthwaite_df(band.covariance[i], runs)
+            low, high = stats.variance_ratio_interval(df, None, alpha / 2)
+            low, high = stats.widen_for_prediction_error(low, high, relative_se, band.n_batches - 1, alpha / 2)
+            ratio = measured / predicted
+            rows.append(dict(batch_size=B, step=int(band.steps[i]), sgd_variance=measured, lna_variance=predicted,
+                             ratio=ratio, interval_low=low, interval_high=high, satterthwaite_df=df,
+                             lna_relative_se=relative_se, passed=bool(low <= ratio <= high)))
+
+    def figure():
+        fig, (ax, ax_ratio) = plots.figure(ncols=2, width=5.2, height=4.2)
+        B, band, paths = results[0]
+        deviation = paths[:, :, 0] - band.mean[:, 0]
+        for run in deviation[:40]:
+            ax.plot(band.steps, run, color="tab:gray", linewidth=0.4, alpha=0.6)
+        ax.plot([], [], color="tab:gray", linewidth=0.6, label=f"SGD runs, B = {B} (40 of {runs})")
+        sd = np.sqrt(band.covariance[:, 0, 0])
+        ax.fill_between(band.steps, -2 * sd, 2 * sd, color="tab:blue", alpha=0.25, label="LNA band ± 2 sd")
+        plots.theory_line(ax, band.steps, 2 * sd, label="LNA ± 2 sd", color="tab:blue")
+        plots.theory_line(ax, band.steps, -2 * sd, label=None, color="tab:blue")
+        plots.finish(ax, r"$\beta_{0,1}$ around the population GD path", "SGD step",
+                     r"$\beta_{0,1} - \bar\beta_{0,1}$")
+        plots.legend_below(ax, ncols=1)
+        offsets = np.linspace(-0.02, 0.02, len(results)) * steps
+        for (B, _, _), color, marker, offset in zip(results, ("tab:blue", "tab:orange", "tab:green"), "osD", offsets):
+            mine = [r for r in rows if r["batch_size"] == B]
+            plots.acceptance_intervals(ax_ratio, np.array([r["step"] for r in mine]) + offset,
+                                       np.array([r["ratio"] for r in mine]),
+                                       np.array([(r["interval_low"], r["interval_high"]) for r in mine]),
+                                       color=color, marker=marker, label=f"B = {B}: SGD / LNA")
+        ax_ratio.axhline(1.0, **plots.THEORY, label="LNA exact (ratio 1)")
+        plots.finish(ax_ratio, "Total parameter variance: SGD over LNA", "SGD step", "variance ratio", logy=True)
+        plots.legend_below(ax_ratio)
+        return fig
+
+    worst = max(rows, key=lambda r: abs(np.log(r["ratio"])))
+    return Outcome(
+        measured={f"ratio_b{r['batch_size']}_step{r['step']}": r["ratio"] for r in rows},
+        predicted={f"ratio_b{r['batch_size']}_step{r['step']}": 1.0 for r in rows},
+        labels={f"ratio_b{r['batch_size']}_step{r['step']}": f"Var SGD / Var LNA, B = {r['batch_size']}, step {r['step']}"
+                for r in rows},
+        tolerance=f"each ratio inside its two-sided χ²_ν/ν interval at level {alpha:.1g} (worst: B = "
+                  f"{worst['batch_size']}, step {worst['step']}: {worst['ratio']:.3f} in "
+                  f"[{worst['interval_low']:.3f}, {worst['interval_high']:.3f}])",
+        basis=f"{runs} independent SGD runs: the sum of sample variances is tr C·χ²_ν/ν with Satterthwaite's ν from the "
+              f"LNA's eigenvalues; widened by the LNA's own Monte-Carlo error (Σ from {n_contexts} contexts in "
+              f"{results[0][1].n_batches} batches: Student t on the spread of the batch traces), half of each "
+              f"comparison's share to each; Bonferroni at family-wise rate {DIFFUSION_FAMILY_RATE:g} over "
+              f"{comparisons} comparisons",
+        passed=all(r["passed"] for r in rows), details=rows, figure=figure,
+        false_fail_rate=DIFFUSION_FAMILY_RATE,
+        notes="The LNA drops terms of relative order η·tr Σ/B; at B = 128 they show as a ratio slightly above 1 early "
+              "in training, within the interval at this number of runs (docs/gd_beta.md §12).")
+
+
+@claim(
+    "gd_beta.gaussian_noise_proxy",
+    reference=f"{PAPER}: SGD on GD-β (5.1); the 'population gradient + Gaussian noise' proxy; docs/gd_beta.md §12",
+    statement="With the gradient-noise covariance Σ(θ) (estimated, docs/gd_beta.md §12), the Gaussian-noise proxy θ ← θ − η∇R(θ) + "
+              "(η/√B)Σ(θ)^{1/2}ξ has the spread the LNA predicts at a small batch (its linearisation), while real "
+              "minibatch SGD is reported beside both: where the Gaussian description fails and by how much.",
+    quick=dict(beta_norm_H=2.0, batch_size=32, runs=128, paths=64, steps=100, lr=0.05, n_contexts=2000),
+    full=dict(beta_norm_H=2.0, batch_size=32, runs=512, paths=256, steps=200, lr=0.05, n_contexts=8000),
+)
+def gaussian_noise_proxy(seed, beta_norm_H, batch_size, runs, paths, steps, lr, n_contexts):
+    problem = example_problem(beta_norm_H)
+    pool_seed, proxy_seed, sgd_seed = seed.spawn(3)
+    pool = dyn.context_pool(problem, n_contexts, seed=pool_seed)
+    record_every = max(1, steps // 20)
+    band = dyn.sgd_linear_noise(problem, batch_size, steps, lr, pool, record_every=record_every)
+    proxy = dyn.sgd_gaussian_noise_paths(problem, batch_size, steps, lr, pool, n_paths=paths, seed=proxy_seed,
+                                         record_every=record_every)
+    sgd = _sgd_paths(problem, batch_size, steps, lr, sgd_seed, runs, record_every)
+    checkpoints = _checkpoints(band, steps)
+    alpha = DIFFUSION_FAMILY_RATE / len(checkpoints)
+    traces, trace_ses = band.total_variance()
+    rows = []
+    for i in checkpoints:
+        predicted = float(traces[i])
+        relative_se = float(trace_ses[i] / predicted)
+        proxy_variance = float(np.sum(proxy[:, i].var(axis=0, ddof=1)))
+        sgd_variance = float(np.sum(sgd[:, i].var(axis=0, ddof=1)))
+        df_proxy = stats.satterthwaite_df(band.covariance[i], paths)
+        df_sgd = stats.satterthwaite_df(band.covariance[i], runs)
+        # The proxy and the LNA use the same Σ estimate, so to first order only the proxy's sampling enters its
+        # interval; real SGD sees the true Σ, so its interval is widened for the estimate's error.
+        low, high = stats.variance_ratio_interval(df_proxy, None, alpha)
+        sgd_low, sgd_high = stats.widen_for_prediction_error(*stats.variance_ratio_interval(df_sgd, None, alpha / 2),
+                                                             relative_se, band.n_batches - 1, alpha / 2)
+        f_low, f_high = stats.widen_for_prediction_error(*stats.variance_ratio_interval(df_sgd, df_proxy, alpha / 2),
+                                                         relative_se, band.n_batches - 1, alpha / 2)
+        rows.append(dict(step=int(band.steps[i]), lna_variance=predicted, proxy_variance=proxy_variance,
+                         sgd_variance=sgd_variance, proxy_over_lna=proxy_variance / predicted,
+                         interval_low=low, interval_high=high, sgd_over_lna=sgd_variance / predicted,
+                         sgd_interval=(sgd_low, sgd_high),
+                         sgd_over_proxy=sgd_variance / proxy_variance, f_interval=(f_low, f_high),
+                         passed=bool(low <= proxy_variance / predicted <= high)))
+    for row in rows:
+        row["sgd_outside_lna_interval"] = not (row["sgd_interval"][0] <= row["sgd_over_lna"] <= row["sgd_interval"][1])
+        row["sgd_outside_proxy_interval"] = not (row["f_interval"][0] <= row["sgd_over_proxy"] <= row["f_interval"][1])
+
+    def figure():
+        fig, ax = plots.figure(width=6.4, height=4.2)
+        x = np.array([r["step"] for r in rows], float)
+        dx = 0.015 * steps
+        for key, interval, label, color, marker, shift in (
+                ("proxy_over_lna", lambda r: (r["interval_low"], r["interval_high"]), "Gaussian-noise proxy / LNA",
+                 "tab:blue", "o", -dx),
+                ("sgd_over_lna", lambda r: r["sgd_interval"], "minibatch SGD / LNA", "tab:red", "s", dx)):
+            bounds = np.array([interval(r) for r in rows])
+            plots.acceptance_intervals(ax, x + shift, np.array([r[key] for r in rows]), bounds, color=color,
+                                       marker=marker, label=label)
+        ax.axhline(1.0, **plots.THEORY, label="LNA (ratio 1)")
+        plots.finish(ax, f"Spread at B = {batch_size}, η = {lr:g}: total parameter variance over the LNA's",
+                     "SGD step", "variance ratio", logy=True)
+        plots.legend_below(ax)
+        return fig
+
+    first = rows[0]
+    return Outcome(
+        measured={**{f"proxy_over_lna_step{r['step']}": r["proxy_over_lna"] for r in rows},
+                  **{f"sgd_over_lna_step{r['step']}": r["sgd_over_lna"] for r in rows}},
+        predicted={f"proxy_over_lna_step{r['step']}": 1.0 for r in rows},
+        labels={**{f"proxy_over_lna_step{r['step']}": f"Var proxy / Var LNA, step {r['step']}" for r in rows},
+                **{f"sgd_over_lna_step{r['step']}": f"Var SGD / Var LNA, step {r['step']} (reported)" for r in rows}},
+        tolerance=f"proxy / LNA inside its two-sided χ²_ν/ν interval at level {alpha:.1g} at each checkpoint; SGD "
+                  "is reported with its own interval, not asserted",
+        basis=f"{paths} proxy paths and {runs} SGD runs; Satterthwaite's ν from the LNA's eigenvalues; Bonferroni at "
+              f"family-wise rate {DIFFUSION_FAMILY_RATE:g} over {len(rows)} checkpoints",
+        passed=all(r["passed"] for r in rows), details=rows, figure=figure, false_fail_rate=DIFFUSION_FAMILY_RATE,
+        notes=f"At step {first['step']} real SGD spreads {first['sgd_over_lna']:.2f}× the LNA variance "
+              f"({'outside' if first['sgd_outside_lna_interval'] else 'inside'} its interval "
+              f"[{first['sgd_interval'][0]:.2f}, {first['sgd_interval'][1]:.2f}]), the Gaussian proxy "
+              f"{first['proxy_over_lna']:.2f}×: Gaussian noise of the same covariance "
+              f"{'misses' if first['sgd_outside_proxy_interval'] else 'does not miss'} what the heavy-tailed "
+              "minibatch noise does to the early, non-convex part of the path (docs/gd_beta.md §12).")
 
 
 SYSTEM = System(
