@@ -27,7 +27,7 @@ __all__ = ["SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_
            "closure_map_step", "reduced_risk", "normalised_flow_rhs", "pack_line_params", "least_squares_V",
            "stage1_duration", "slow_mode_rate", "population_map_step", "population_map", "relative_distance",
            "off_support_spread", "transfer_start", "transfer_overlap", "transfer_step_size", "soft_threshold", "proximal_family_step",
-           "STOCHASTIC_TOLERANCE"]
+           "STOCHASTIC_TOLERANCE", "label_integrated_noise_sums", "NOISE_MOMENT_NAMES"]
 
 # K_P and K_Q at or below this are no signal at all (they are sums of squares of O(1) entries).
 DEGENERATE_SIGNAL = 1e-12
@@ -494,3 +494,146 @@ def proximal_family_step(problem: SCBProblem, state, eta_V: float, eta_Q: float,
     bS_hat = b0_t + bS_t - theta - b0_hat
     b0_new = b0_hat + (1 - xi_t - T * b0_hat - Qs * bS_hat) / T
     return np.array([alpha_V_new, xi_t, b0_new, bS_hat])
+
+
+# ==================================================================================================
+# Gradient noise in the reduced coordinates (docs/scb.md §14)
+# ==================================================================================================
+
+# The per-sample quantities whose moments the diffusion tier needs, in the order of the kernel's output:
+# ‖∇̃_Vℓ‖²_μ, ‖∇̃_Qℓ‖²_μ, n_V = ⟨∇̃_Vℓ, P − μ1ᵀ⟩_μ, n_Q = ⟨∇̃_Qℓ, Q* − 11ᵀ/T⟩_μ, n_V², n_Q², n_V·n_Q.
+NOISE_MOMENT_NAMES = ("norm2_v", "norm2_q", "n_v", "n_q", "n_v2", "n_q2", "n_vq")
+
+
+@njit(cache=True)
+def _label_integrated_noise(tokens, last, V, Q, P, Q_star, mu):
+    """Per context (x_1..x_T, k) the label-integrated conditional means E[· | x, k] of NOISE_MOMENT_NAMES
+    (docs/scb.md §14), summed over contexts; returns (sums (7,), sums of squares (7,)) for standard errors.
+
+    With y = Xq⁽ᵏ⁾, y* = Xq*⁽ᵏ⁾, u = 1ᵀy, v = Vy, p = Py* (the law of o) and r = e_o − v:
+    ‖∇̃_Vℓ‖²_μ = ‖r‖²(Σ_j y_j²/μ_j − u²) and n_V = −rᵀz with z = Py − uμ; for the attention, column k of ∇̃_Qℓ is
+    −μ_k⁻¹(c − c̄1) with c_t = w_{x_t}, w = Vᵀr, so ‖∇̃_Qℓ‖²_μ = μ_k⁻¹Σ_t(c_t − c̄)² and n_Q = −(Σ_t q*_t c_t − c̄).
+    Every expectation over o ~ p is a finite sum; the cost is O(N·T) per context (y, y* live on at most T tokens)."""
+    n, T = tokens.shape
+    N = V.shape[0]
+    sums = np.zeros(7)
+    squares = np.zeros(7)
+    y = np.zeros(N)
+    ys = np.zeros(N)
+    v = np.empty(N)
+    p = np.empty(N)
+    z = np.empty(N)
+    b = np.empty(N)
+    beta = np.empty(T)
+    values = np.empty(7)
+    seen = np.zeros(N, np.bool_)
+    present = np.empty(T, np.int64)  # the distinct tokens of the context: y and y* live on them
+    for c in range(n):
+        k = last[c]
+        n_present = 0
+        for t in range(T):
+            token = tokens[c, t]
+            if not seen[token]:
+                seen[token] = True
+                present[n_present] = token
+                n_present += 1
+            y[token] += Q[t, k]
+            ys[token] += Q_star[t, k]
+        u = 0.0
+        A = 0.0
+        for m in range(n_present):
+            j = present[m]
+            u += y[j]
+            A += y[j] * y[j] / mu[j]
+        A -= u * u
+        for i in range(N):
+            acc_v = 0.0
+            acc_p = 0.0
+            acc_z = 0.0
+            for m in range(n_present):
+                j = present[m]
+                acc_v += V[i, j] * y[j]
+                acc_p += P[i, j] * ys[j]
+                acc_z += P[i, j] * y[j]
+            v[i] = acc_v
+            p[i] = acc_p
+            z[i] = acc_z - u * mu[i]
+        pv = 0.0
+        vv = 0.0
+        vz = 0.0
+        for i in range(N):
+            pv += p[i] * v[i]
+            vv += v[i] * v[i]
+            vz += v[i] * z[i]
+        for m in range(n_present):  # b = Vᵀv on the context's tokens: c_t = V[o, x_t] − b[x_t]
+            j = present[m]
+            acc = 0.0
+            for i in range(N):
+                acc += V[i, j] * v[i]
+            b[j] = acc
+        beta_mean = 0.0
+        beta_star = 0.0
+        for t in range(T):
+            beta[t] = b[tokens[c, t]]
+            beta_mean += beta[t] / T
+            beta_star += Q_star[t, k] * beta[t]
+        norm2_Q = 0.0
+        n_V = 0.0
+        n_Q = 0.0
+        n_V2 = 0.0
+        n_Q2 = 0.0
+        n_VQ = 0.0
+        for o in range(N):
+            if p[o] == 0.0:
+                continue
+            a_mean = 0.0
+            a_star = 0.0
+            for t in range(T):
+                value = V[o, tokens[c, t]]
+                a_mean += value / T
+                a_star += Q_star[t, k] * value
+            spread = 0.0
+            for t in range(T):
+                d = V[o, tokens[c, t]] - a_mean - beta[t] + beta_mean
+                spread += d * d
+            nV = -(z[o] - vz)
+            nQ = -((a_star - a_mean) - (beta_star - beta_mean))
+            norm2_Q += p[o] * spread / mu[k]
+            n_V += p[o] * nV
+            n_Q += p[o] * nQ
+            n_V2 += p[o] * nV * nV
+            n_Q2 += p[o] * nQ * nQ
+            n_VQ += p[o] * nV * nQ
+        values[0] = (1.0 - 2.0 * pv + vv) * A
+        values[1] = norm2_Q
+        values[2] = n_V
+        values[3] = n_Q
+        values[4] = n_V2
+        values[5] = n_Q2
+        values[6] = n_VQ
+        for m in range(7):
+            sums[m] += values[m]
+            squares[m] += values[m] * values[m]
+        for m in range(n_present):
+            y[present[m]] = 0.0
+            ys[present[m]] = 0.0
+            seen[present[m]] = False
+    return sums, squares
+
+
+def label_integrated_noise_sums(problem: SCBProblem, tokens, last, V, Q) -> tuple[np.ndarray, np.ndarray]:
+    """Sums over contexts (``tokens`` (n, T) ints in [0, N), ``last`` (n,)) of the label-integrated moments
+    NOISE_MOMENT_NAMES at (V, Q), and of their squares (docs/scb.md §14)."""
+    V, Q = _check_V(problem, V), _check_Q(problem, Q)
+    for name, value in (("V", V), ("Q", Q)):
+        if float(np.max(np.abs(value))) > 1e75:  # fourth moments of V and Q: the terms must stay finite
+            raise ValueError(f"{name} has entries of size {float(np.max(np.abs(value))):.3g}; at most 1e75 keeps "
+                             "the noise moments finite")
+    tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+    last = np.ascontiguousarray(last, dtype=np.int64)
+    if tokens.ndim != 2 or tokens.shape[1] != problem.T or last.shape != (tokens.shape[0],):
+        raise ValueError(f"tokens must have shape (n, {problem.T}) and last shape (n,)")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= problem.N or last.min() < 0 or last.max() >= problem.N):
+        raise ValueError(f"tokens and last must lie in [0, {problem.N})")
+    return _label_integrated_noise(tokens, last, np.ascontiguousarray(V, dtype=float),
+                                   np.ascontiguousarray(Q, dtype=float), problem.P, problem.Q_star, problem.mu)

@@ -21,12 +21,15 @@ from attnflow.seeding import SeedLike, kernel_seed, spawn
 
 from .errors import DivergenceError, StageFailure
 from .integrate import dopri5_loop, iterate_map, map_loop, solve_dopri5
+from . import progress
+from .diffusion import pool_size
 from .montecarlo import Trajectory
 
 __all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "run_stage", "run_algorithm1",
            "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "rounding_threshold", "rounding_finds_supports",
            "transfer_step", "run_transfer", "relative_errors",
-           "round_columns", "round_to_supports", "RECORD_NAMES", "BLOWUP", "population", "minibatch", "ETA"]
+           "round_columns", "round_to_supports", "RECORD_NAMES", "BLOWUP", "population", "minibatch", "ETA",
+           "ContextSample", "context_sample", "reduced_noise", "ReducedBand", "stage1_noise_band", "offline_errors"]
 
 
 def _cdfs(problem: SCBProblem):
@@ -170,6 +173,8 @@ def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int,
     Metrics ``alpha_V``, ``alpha_Q`` and the reduced ``risk`` (docs/scb.md §8.2) against the step; states ``alpha``
     (steps + 1, 2)."""
     steps = check.integer(steps, "steps", minimum=0)
+    if steps > 10**7:
+        raise ValueError(f"steps must be at most 10^7 (every step is recorded), got {steps}")
     x0 = check.finite_array(x0, "x0", shape=(2,))
     sol = iterate_map(cf.line_map_step, x0, steps, cf.pack_line_params(problem, eta_V, eta_Q),
                       loop=_line_loop)
@@ -516,6 +521,141 @@ def run_transfer(problem: SCBProblem, P_tilde, gamma: float, batch0: int, stage2
     rest = run_stages_2_3(problem, (step.final["V"], step.final["Q"]), stage2, seed=second,
                           alpha_Q=step.last("alpha_Q"), C=C, offset=1, record_every=record_every)
     return _joined([step, rest], rest.final["V"], rest.final["Q"])
+
+
+# ==================================================================================================
+# The diffusion tier in the reduced coordinates (docs/scb.md §14, docs/diffusion.md)
+# ==================================================================================================
+
+
+@dataclass(frozen=True)
+class ContextSample:
+    """Contexts (x_1..x_T, k) drawn from the data model, in ``n_batches`` equal batches, on which the
+    label-integrated noise moments are averaged; reused at every step (common random numbers)."""
+
+    tokens: np.ndarray
+    last: np.ndarray
+    n_batches: int
+
+
+def context_sample(problem: SCBProblem, n_contexts: int, *, seed: SeedLike, n_batches: int = 16) -> ContextSample:
+    n_contexts = pool_size(n_contexts, n_batches)
+    if n_contexts * problem.T > 10**9:
+        raise ValueError(f"n_contexts·T must be at most 10^9 (memory), got {n_contexts * problem.T}")
+    rng = np.random.default_rng(spawn(seed, 1)[0])
+    return ContextSample(tokens=rng.choice(problem.N, size=(n_contexts, problem.T), p=problem.mu),
+                         last=rng.choice(problem.N, size=n_contexts, p=problem.mu), n_batches=n_batches)
+
+
+def reduced_noise(problem: SCBProblem, alpha_V: float, alpha_Q: float, contexts: ContextSample) -> dict:
+    """The per-sample gradient noise at the line point (α_V, α_Q), in the reduced coordinates, one unbiased
+    estimate per batch of ``contexts`` (arrays of length n_batches; docs/scb.md §14):
+
+    ``cov`` (n_batches, 2, 2): Cov of (n_V/K_P, n_Q/K_Q), the noise of one sample along the two lines;
+    ``perp_V``, ``perp_Q``: E‖ξ_⊥‖²_μ, the noise off the lines, which feeds e_V and e_Q;
+    ``total_V``, ``total_Q``: E‖ξ‖²_μ = tr Cov_μ of the preconditioned per-sample gradient."""
+    V, Q = cf.line_point(problem, alpha_V, alpha_Q)
+    G_V, G_Q = cf.preconditioned_gradients(problem, V, Q)
+    dir_V = problem.P - problem.mu[:, None]
+    dir_Q = problem.Q_star - 1.0 / problem.T
+    g = np.array([cf.mu_inner(problem, G_V, dir_V), cf.mu_inner(problem, G_Q, dir_Q)])
+    m = contexts.tokens.shape[0] // contexts.n_batches
+    out = dict(cov=[], perp_V=[], perp_Q=[], total_V=[], total_Q=[])
+    scale = np.array([problem.K_P, problem.K_Q])
+    for b in range(contexts.n_batches):
+        part = slice(b * m, (b + 1) * m)
+        sums, _ = cf.label_integrated_noise_sums(problem, contexts.tokens[part], contexts.last[part], V, Q)
+        mean = dict(zip(cf.NOISE_MOMENT_NAMES, sums / m))
+        second = np.array([[mean["n_v2"], mean["n_vq"]], [mean["n_vq"], mean["n_q2"]]])
+        cov = second - np.outer(g, g)  # the conditional means average to the closed-form ⟨G, dir⟩_μ
+        total_V = mean["norm2_v"] - cf.mu_norm2(problem, G_V)
+        total_Q = mean["norm2_q"] - cf.mu_norm2(problem, G_Q)
+        out["cov"].append(cov / np.outer(scale, scale))
+        out["total_V"].append(total_V)
+        out["total_Q"].append(total_Q)
+        out["perp_V"].append(total_V - cov[0, 0] / problem.K_P)
+        out["perp_Q"].append(total_Q - cov[1, 1] / problem.K_Q)
+    return {key: np.array(value) for key, value in out.items()}
+
+
+@dataclass(frozen=True)
+class ReducedBand:
+    """The diffusion tier's prediction for Stage 1 at the recorded steps (docs/scb.md §14).
+
+    alpha (n, 2): mean (α_V, α_Q); alpha_cov (n, 2, 2): their covariance; e_V, e_Q (n,): the mean off-line errors
+    E‖ΔV‖²_μ, E‖ΔQ‖²_μ; each with a standard error (``*_se``) from the Monte-Carlo error of the noise moments.
+    paper_e_V (n,): E‖ΔV‖²_μ when the whole tr Cov_μ(∇̃_Vℓ) is fed into ΔV, as docs/scb.md §8.2 states the paper's
+    "population gradient + Gaussian noise" recursion."""
+
+    steps: np.ndarray
+    alpha: np.ndarray
+    alpha_cov: np.ndarray
+    alpha_cov_se: np.ndarray
+    e_V: np.ndarray
+    e_V_se: np.ndarray
+    e_Q: np.ndarray
+    e_Q_se: np.ndarray
+    paper_e_V: np.ndarray
+
+
+def stage1_noise_band(problem: SCBProblem, eta: float, batch: int, steps: int, contexts: ContextSample, *,
+                      record_every: int = 5) -> ReducedBand:
+    """Stage 1 (λ = 0) on batches of ``batch`` from (V₀, Q₀), in the reduced coordinates: the closure map of
+    docs/scb.md §8.2 for the means, driven by the noise of :func:`reduced_noise` (docs/scb.md §14):
+
+        e_V⁺ = (1 − η_V a)²e_V + (η_V²/B)E‖ξ_V⊥‖²_μ,   e_Q⁺ = (1 − η_Q A_V)²e_Q + (η_Q²/B)E‖ξ_Q⊥‖²_μ,
+        C⁺ = J C Jᵀ + (1/B)·diag(η_V, η_Q)·Cov(n_V/K_P, n_Q/K_Q)·diag(η_V, η_Q),
+
+    J the Jacobian of the (α_V, α_Q) part of the closure map. The noise is evaluated on the line at the mean α."""
+    eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    batch = check.integer(batch, "batch", minimum=1)
+    steps = check.integer(steps, "steps", minimum=1)
+    record_every = check.integer(record_every, "record_every", minimum=1)
+    # numpy scalars: an overflow gives inf (caught below and named), not a Python OverflowError
+    eta_V, eta_Q = np.float64(eta / problem.K_Q), np.float64(eta / problem.K_P)
+    K_P, K_Q, T = problem.K_P, problem.K_Q, problem.T
+    n_b = contexts.n_batches
+    alpha = np.zeros(2)
+    C = np.zeros((n_b, 2, 2))
+    e_V, e_Q, paper_e_V = np.zeros(n_b), np.zeros(n_b), 0.0
+    rows = []
+
+    def keep(step):
+        rows.append((step, alpha.copy(), C.mean(axis=0), C.std(axis=0, ddof=1) / np.sqrt(n_b), e_V.mean(),
+                     e_V.std(ddof=1) / np.sqrt(n_b), e_Q.mean(), e_Q.std(ddof=1) / np.sqrt(n_b), paper_e_V))
+
+    keep(0)
+    for step in range(1, steps + 1):
+        progress.report(step - 1, steps)
+        noise = reduced_noise(problem, alpha[0], alpha[1], contexts)
+        a_V, a_Q = alpha
+        a = 1.0 / T + a_Q**2 * K_Q + e_Q.mean()
+        A_V = a_V**2 * K_P + e_V.mean()
+        J = np.array([[1 - eta_V * a, -eta_V * K_Q * (2 * a_Q * a_V - 1)],
+                      [-eta_Q * K_P * (2 * a_V * a_Q - 1), 1 - eta_Q * A_V]])
+        steps_ = np.diag([eta_V, eta_Q])
+        C = J @ C @ J.T + steps_ @ noise["cov"] @ steps_ / batch
+        e_V = (1 - eta_V * a) ** 2 * e_V + eta_V**2 * noise["perp_V"] / batch
+        e_Q = (1 - eta_Q * A_V) ** 2 * e_Q + eta_Q**2 * noise["perp_Q"] / batch
+        paper_e_V = (1 - eta_V * a) ** 2 * paper_e_V + eta_V**2 * noise["total_V"].mean() / batch
+        alpha = np.array([a_V - eta_V * (a * a_V - (1.0 / T + a_Q * K_Q)), a_Q - eta_Q * (A_V * a_Q - a_V * K_P)])
+        if not (np.all(np.isfinite(alpha)) and np.all(np.isfinite(C)) and np.all(np.isfinite(e_V))
+                and np.all(np.isfinite(e_Q)) and np.all(np.abs(alpha) < BLOWUP)):
+            raise DivergenceError(f"the reduced noise band diverged at step {step} (try a smaller eta)")
+        if step % record_every == 0 or step == steps:
+            keep(step)
+    columns = list(zip(*rows))
+    return ReducedBand(steps=np.array(columns[0]), alpha=np.array(columns[1]), alpha_cov=np.array(columns[2]),
+                       alpha_cov_se=np.array(columns[3]), e_V=np.array(columns[4]), e_V_se=np.array(columns[5]),
+                       e_Q=np.array(columns[6]), e_Q_se=np.array(columns[7]), paper_e_V=np.array(columns[8]))
+
+
+def offline_errors(problem: SCBProblem, run: Trajectory) -> tuple[np.ndarray, np.ndarray]:
+    """e_V, e_Q along a recorded minibatch run, from its α's and distances by Pythagoras in the μ-norm:
+    ‖V − P‖²_μ = (α_V − 1)²K_P + e_V and ‖Q − Q*‖²_μ = (α_Q − 1)²K_Q + e_Q (docs/scb.md §8.1)."""
+    m = run.metrics
+    return (m["dist_V"] ** 2 - (m["alpha_V"] - 1) ** 2 * problem.K_P,
+            m["dist_Q"] ** 2 - (m["alpha_Q"] - 1) ** 2 * problem.K_Q)
 
 
 # ==================================================================================================
