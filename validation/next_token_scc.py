@@ -10,6 +10,7 @@ instance seed (:func:`attnflow.seeding.instance`) and computed once per run, so 
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from scipy import stats as scipy_stats
@@ -558,6 +559,7 @@ def ngd_log_norm(seed, instances, steps):
 
 SELECTED = 1e-2   # a token whose collapsed attention exceeds this is selected
 AMBIGUOUS = 9e-3  # (9e-3, 1e-2]: neither selected nor a target of an edge
+LOCAL_SLOW_RATE = 0.213  # upper 97.5% bound on P(corr_local < 0.99 at 2000 steps) per instance (see local_convergence)
 
 
 @claim("next_token_scc.local_convergence",
@@ -566,8 +568,12 @@ AMBIGUOUS = 9e-3  # (9e-3, 1e-2]: neither selected nor a target of an edge
        statement="With the nonconvex head, NGD converges in direction to the Graph-SVM of the graphs built from the "
                  "tokens it selects: median corr(W, W^svm_local) > 0.99, and the local SVM is at least as close as "
                  "the global one in every instance.",
-       quick=dict(instances=10, steps=2000), full=dict(instances=100, steps=2000))
+       quick=dict(instances=30, steps=2000), full=dict(instances=100, steps=2000))
 def local_convergence(seed, instances, steps):
+    # The corr is a snapshot of a direction that converges like 1/log²t, and some instances are slow: at 2000 steps
+    # 69 of 400 instances (seed 1000) had corr < 0.99, rate ≤ LOCAL_SLOW_RATE at 97.5% (Clopper–Pearson). The median
+    # of n instances falls below 0.99 only if at least n/2 do, which bounds the claim's chance FAIL rate. The paper
+    # drew 10 instances (chance rate up to 4%); the quick setting draws 30 (4e-4).
     root = seeding.named(seeding.instance(seed), "local")
     rows = []
     for j in range(instances):
@@ -588,6 +594,7 @@ def local_convergence(seed, instances, steps):
                          corr_global=cf.corr(W, glob.W), selected=sum(len(c) for c in sources),
                          label_selected=int(sum(int(y) in c for y, c in zip(problem.labels, sources)))))
     kept = [r for r in rows if np.isfinite(r["corr_local"])]
+    nominal = float(scipy_stats.binom.sf(math.ceil(len(kept) / 2) - 1, len(kept), LOCAL_SLOW_RATE)) if kept else 1.0
     local_corr = np.array([r["corr_local"] for r in kept])
     global_corr = np.array([r["corr_global"] for r in kept])
 
@@ -596,7 +603,10 @@ def local_convergence(seed, instances, steps):
         x = np.arange(len(kept))
         ax.plot(x, local_corr, "o", label="local Graph-SVM")
         ax.plot(x, global_corr, "s", label="global Graph-SVM")
+        ax.axhline(np.median(local_corr), color="tab:blue", lw=1, ls="--", label="median, local")
+        ax.axhline(0.99, color="black", lw=1, ls=":", label="0.99 (the median must lie above)")
         plots.finish(ax, "nonconvex head: corr of $W_K$ with each SVM", "instance", "corr", logx=False)
+        plots.legend_below(ax, ncols=2)
         return fig
     return Outcome(measured=dict(median_corr_local=float(np.median(local_corr)), min_corr_local=float(local_corr.min()),
                                  median_corr_global=float(np.median(global_corr)), kept=f"{len(kept)}/{len(rows)}"),
@@ -605,8 +615,10 @@ def local_convergence(seed, instances, steps):
                                median_corr_global="median corr(W, W^svm_global)",
                                kept="instances with a strict local edge"),
                    tolerance="median local corr > 0.99 and local ≥ global in every kept instance",
-                   basis="the paper's printed values (local 0.992–0.9995, global 0.26–0.95, 10 instances); "
-                         "deterministic given the ensemble",
+                   basis=f"the paper's printed values (local 0.992–0.9995, global 0.26–0.95, 10 instances); the median "
+                         f"of {len(kept)} random instances, each below 0.99 at 2000 steps with probability at most "
+                         f"{LOCAL_SLOW_RATE:g}: P(at least half below) = {nominal:.1g}",
+                   false_fail_rate=nominal,
                    passed=bool(len(kept) > 0 and np.median(local_corr) > 0.99 and np.all(local_corr >= global_corr - 1e-12)),
                    details=rows, figure=figure)
 
