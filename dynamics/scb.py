@@ -29,7 +29,8 @@ __all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSe
            "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "rounding_threshold", "rounding_finds_supports",
            "transfer_step", "run_transfer", "relative_errors",
            "round_columns", "round_to_supports", "RECORD_NAMES", "BLOWUP", "population", "minibatch", "ETA",
-           "ContextSample", "context_sample", "reduced_noise", "ReducedBand", "stage1_noise_band", "offline_errors"]
+           "ContextSample", "context_sample", "reduced_noise", "ReducedBand", "stage1_noise_band", "offline_errors",
+           "off_support_noise"]
 
 
 def _cdfs(problem: SCBProblem):
@@ -499,6 +500,22 @@ def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
     """(‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q): the distances of docs/scb.md §13 #16."""
     return (math.sqrt(cf.mu_norm2(problem, np.asarray(V) - problem.P) / problem.K_P),
             math.sqrt(cf.mu_norm2(problem, np.asarray(Q) - problem.Q_star) / problem.K_Q))
+
+
+def off_support_noise(problem: SCBProblem, V, Q, *, batch: int = 1024, n_batches: int = 100,
+                      seed: SeedLike) -> tuple[float, float]:
+    """E of the off-support spread (:func:`~attnflow.closed_forms.scb.off_support_spread`) of one sample's
+    preconditioned attention gradient at (V, Q), and its standard error: B times the spread of a batch-B gradient,
+    averaged over ``n_batches`` independent batches (docs/scb.md §9). At a stationary point such as (P, Q*) at
+    λ = 0, where the mean gradient vanishes, one step of η_Q on a batch of B adds η_Q²/B times this to the spread."""
+    batch = check.integer(batch, "batch", minimum=1)
+    n_batches = check.integer(n_batches, "n_batches", minimum=2)
+    if batch * n_batches * problem.T > 10**10:
+        raise ValueError(f"batch·n_batches·T must be at most 10^10 (run time), got {batch * n_batches * problem.T}")
+    values = np.array([batch * cf.off_support_spread(problem, minibatch_gradients(problem, V, Q, batch, seed=child,
+                                                                                  raw=False)["G_Q"])
+                       for child in spawn(seed, n_batches)])
+    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n_batches))
 
 
 def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, *, seed: SeedLike) -> Trajectory:

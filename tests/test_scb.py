@@ -131,6 +131,22 @@ def test_minibatch_algorithm_keeps_the_invariants_and_is_reproducible():
     assert a.info["samples"] == 10 * 2000 + 20 * 1000 + 10 * 1000
 
 
+def test_one_attention_step_from_the_ground_truth_adds_eta_q_squared_over_b_times_the_off_support_noise():
+    """At (P, Q*) the mean gradient vanishes, so one λ = 0 step on a batch of B with V held spreads the off-support
+    entries by η_Q²/B·n_off in expectation (docs/scb.md §9): simulated steps against off_support_noise."""
+    problem, batch, eta = EXAMPLE, 32, 0.25
+    start = (problem.P, problem.Q_star)
+    spreads = np.array([cf.off_support_spread(problem, dyn.run_stage(
+        problem, start, dyn.StageSettings(1, batch, eta, eta_V=0.0), seed=s, record_every=1).final["Q"])
+        for s in range(800)])
+    n_off, n_off_se = dyn.off_support_noise(problem, *start, batch=batch, n_batches=800, seed=20261123)
+    factor = (eta / problem.K_P) ** 2 / batch
+    assert_within_standard_errors(spreads.mean(), math.hypot(spreads.std(ddof=1) / math.sqrt(spreads.size),
+                                                             factor * n_off_se), factor * n_off)
+    with pytest.raises(ValueError, match="n_batches"):
+        dyn.off_support_noise(problem, *start, n_batches=1, seed=0)
+
+
 def test_divergence_names_the_step():
     with pytest.raises(DivergenceError, match="diverged at step"):
         dyn.run_sgd(EXAMPLE, dyn.StageSettings(50, 100, 1e6), seed=0)
