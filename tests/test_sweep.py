@@ -69,7 +69,10 @@ def test_killed_sweep_resumes_with_every_task_computed_exactly_once(tmp_path):
     command = [sys.executable, "-m", "attnflow.validation.cli", "sweep", "sweep.sleep", "--grid", "seconds=0.25",
                "--grid", "size=1,2,3,4,5,6", "--seeds", "2", "--jobs", "1", "--store", str(store), "--no-progress"]
     target_dir = store / "sweep.sleep"
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell starts background jobs with SIGINT ignored, and a child inherits that: give the sweep the default
+    # disposition a terminal's Ctrl-C meets, whatever started the test run.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and len(list(target_dir.glob("*.json"))) < 3:
         time.sleep(0.05)
@@ -119,7 +122,10 @@ def _start_parallel_sweep(tmp_path):
     command = [sys.executable, "-m", "attnflow.validation.cli", "sweep", "sweep.sleep", "--grid", "seconds=3",
                "--grid", "size=1,2,3,4,5,6,7,8", "--seeds", "2", "--jobs", "2", "--store", str(store),
                "--no-progress"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell starts background jobs with SIGINT ignored, and a child inherits that: give the sweep the default
+    # disposition a terminal's Ctrl-C meets, whatever started the test run.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not list((store / "sweep.sleep").glob("*.json")):
         time.sleep(0.05)
