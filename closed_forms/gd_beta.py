@@ -55,6 +55,7 @@ __all__ = [
     "flow_limit",
     "LocalRates",
     "local_rates",
+    "flow_curvature",
     "SlowModes",
     "slow_modes",
     "gamma_response",
@@ -738,6 +739,19 @@ def local_rates(problem: GDBetaProblem) -> LocalRates:
                       beta_uniform=4 * float(H_range.min()) / (problem.N + 1))
 
 
+def flow_curvature(problem: GDBetaProblem) -> float:
+    """λ_max(∇²R) at (β*, Γ*): the fastest local rate of the flow, which bounds an explicit integrator's step there.
+    The linearisation is block-diagonal (docs/gd_beta.md §9 "Rates"), with spectrum {2 eig B(Γ*)} ∪ {2hᵢkⱼ} on
+    range(H) (hᵢ, kⱼ the eigenvalues of H and K = H^{1/2}ΩH^{1/2}), so the largest is
+    max(2 λ_max(B(Γ*)), 2 λ_max(H) λ_max(K))."""
+    basis, B = _linearisation(problem)
+
+    def top(M):
+        return float(np.linalg.eigvalsh(basis.T @ ((M + M.T) / 2) @ basis).max())
+
+    return max(2 * top(B), 2 * top(problem.H) * top(problem.H_half @ omega(problem) @ problem.H_half))
+
+
 @dataclass(frozen=True)
 class SlowModes:
     """Eigen-directions of the linearised flow at (β*, Γ*) on range(H) (docs/gd_beta.md §9 "Rates", item 4).
@@ -845,6 +859,20 @@ def risk_hessian(problem: GDBetaProblem, beta0, Gamma, step: float = 1e-5) -> np
 
 
 @njit(cache=True)
+def context_gd_step(X, y, c, beta0, g):
+    """g ← Xᵀ(y − Xβ₀)/N for context c of the batch (X (n, N, d), y (n, N)): one GD step's direction from β₀,
+    the g₀ of (5.1), written into ``g`` (d,). Shared by the closed-form noise moments and the training kernel."""
+    N, d = X.shape[1], X.shape[2]
+    g[:] = 0.0
+    for k in range(N):
+        r = y[c, k]
+        for j in range(d):
+            r -= X[c, k, j] * beta0[j]
+        for j in range(d):
+            g[j] += X[c, k, j] * r / N
+
+
+@njit(cache=True)
 def _conditional_moment_sums(X, y, beta, beta0, Gamma, H, sigma2):
     """Σ_c E[ĝ | c], Σ_c E[ĝ | c]E[ĝ | c]ᵀ and Σ_c E[ĝĝᵀ | c] over contexts c = (X, y, β), integrating the query
     (x_q, ε_q) exactly (docs/gd_beta.md §12): ĝ = 2rLx_q with r = x_qᵀu − ε_q, u = β₀ + Γg − β,
@@ -865,14 +893,10 @@ def _conditional_moment_sums(X, y, beta, beta0, Gamma, H, sigma2):
     PM = np.empty((d, d))
     m = np.empty(p)
     for c in range(n):
-        g[:] = 0.0
+        context_gd_step(X, y, c, beta0, g)
         S[:, :] = 0.0
         for k in range(N):
-            r = y[c, k]
             for j in range(d):
-                r -= X[c, k, j] * beta0[j]
-            for j in range(d):
-                g[j] += X[c, k, j] * r / N
                 for l in range(d):
                     S[j, l] += X[c, k, j] * X[c, k, l] / N
         for j in range(d):

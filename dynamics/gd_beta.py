@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from attnflow.closed_forms import gd_beta as cf
-from attnflow.closed_forms.gd_beta import GDBetaProblem
+from attnflow.closed_forms.gd_beta import GDBetaProblem, context_gd_step
 from attnflow.closed_forms import checks as check
 
 from .integrate import DivergenceError, dopri5_loop, solve_dopri5
@@ -129,7 +129,7 @@ def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_e
     t_end = check.real(t_end, "t_end", minimum=0.0, strict=True)
     # DOPRI5 is explicit: near the optimum its step is at most ≈ 3.3/λ_max(∇²R), and the flow ends there, so a run
     # to t_end needs at least t_end·λ_max/3.3 steps. Refuse at once what the step budget cannot reach.
-    curvature = float(np.linalg.eigvalsh(cf.risk_hessian(problem, problem.beta_star, cf.optimal_gamma(problem))).max())
+    curvature = cf.flow_curvature(problem)
     if t_end * curvature / 3.3 > FLOW_MAX_STEPS:
         raise ValueError(f"t_end = {t_end:.3g} needs more than {FLOW_MAX_STEPS:.0e} integrator steps near the optimum "
                          f"(largest curvature {curvature:.3g}); choose t_end <= {3.3 * FLOW_MAX_STEPS / curvature:.3g}")
@@ -172,13 +172,7 @@ def _gd_beta_batch_gradient(X, y, x_query, y_query, beta0, Gamma):
     g0 = np.empty(d)
     Gt_xq = np.empty(d)
     for i in range(n):
-        g0[:] = 0.0
-        for k in range(N):
-            r = y[i, k]
-            for j in range(d):
-                r -= X[i, k, j] * beta0[j]
-            for j in range(d):
-                g0[j] += X[i, k, j] * r / N
+        context_gd_step(X, y, i, beta0, g0)
         prediction = 0.0
         for j in range(d):
             acc = 0.0

@@ -204,6 +204,15 @@ def test_local_rates_are_the_eigenvalues_of_the_linearised_flow():
 
 
 @pytest.mark.parametrize("kind", ["full rank", "singular H"])
+def test_flow_curvature_is_the_largest_eigenvalue_of_the_risk_hessian_at_the_optimum(kind):
+    """Exact identity: the closed-form max(2λ_max(B), 2λ_max(H)λ_max(K)) against the spectrum of ∇²R (central
+    differences of the closed-form gradient) at (β*, Γ*)."""
+    problem = random_problem(kind)
+    hessian = cf.risk_hessian(problem, problem.beta_star, cf.optimal_gamma(problem))
+    assert cf.flow_curvature(problem) == pytest.approx(np.linalg.eigvalsh(hessian).max(), rel=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["full rank", "singular H"])
 def test_slow_modes_are_eigenvectors_of_the_linearised_flow(kind):
     """Exact identities (docs/gd_beta.md §9 item 4): B(Γ*)v = (r/2)v and −2H(uwᵀ)K = −γ·uwᵀ, both on range(H)."""
     problem = random_problem(kind)
