@@ -31,7 +31,7 @@ from attnflow.seeding import SeedLike
 from .errors import DivergenceError
 from . import progress
 
-__all__ = ["NoiseBand", "linear_noise", "gaussian_noise_paths", "record_steps", "pool_size"]
+__all__ = ["NoiseBand", "linear_noise", "gaussian_noise_paths", "pool_size"]
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,6 @@ class NoiseBand:
         if self.n_batches < 2:
             return per_batch[:, 0], np.zeros(per_batch.shape[0])
         return per_batch.mean(axis=1), per_batch.std(axis=1, ddof=1) / np.sqrt(self.n_batches)
-
-
-def record_steps(steps: int, n_records: int) -> np.ndarray:
-    """``n_records`` step indices from 0 to ``steps``, evenly spaced (the last one is ``steps``)."""
-    steps = check.integer(steps, "steps", minimum=1)
-    n_records = check.integer(n_records, "n_records", minimum=2)
-    return np.unique(np.round(np.linspace(0, steps, n_records)).astype(int))
 
 
 def pool_size(n_contexts: int, n_batches: int) -> int:
@@ -144,8 +137,9 @@ def linear_noise(theta0, learning_rates, batch_size: int, *, gradient: Callable,
         if covariances is None:
             covariances = np.zeros((sigma.shape[0], p, p))
         A = identity - eta * hessian(theta)
-        covariances = A @ covariances @ A.T + (eta**2 / batch_size) * sigma
-        theta = theta - eta * gradient(theta)
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run is named just below
+            covariances = A @ covariances @ A.T + (eta**2 / batch_size) * sigma
+            theta = theta - eta * gradient(theta)
         if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(covariances))):
             raise DivergenceError(f"the linear-noise approximation diverged at step {k + 1}")
         if k + 1 in wanted:
@@ -183,7 +177,8 @@ def gaussian_noise_paths(theta0, learning_rates, batch_size: int, *, gradient: C
         for k, eta in enumerate(rates):
             values, vectors = np.linalg.eigh(_noise(noise_covariance, theta, p).mean(axis=0))
             root = (vectors * np.sqrt(np.clip(values, 0.0, None))) @ vectors.T
-            theta = theta - eta * gradient(theta) + (eta / np.sqrt(batch_size)) * (root @ rng.standard_normal(theta.size))
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging path is named just below
+                theta = theta - eta * gradient(theta) + (eta / np.sqrt(batch_size)) * (root @ rng.standard_normal(p))
             if not np.all(np.isfinite(theta)):
                 raise DivergenceError(f"Gaussian-noise path {path} diverged at step {k + 1}")
             if k + 1 in record_index:

@@ -631,6 +631,8 @@ def stage1_noise_band(problem: SCBProblem, eta: float, batch: int, steps: int, c
     # numpy scalars: an overflow gives inf (caught below and named), not a Python OverflowError
     eta_V, eta_Q = np.float64(eta / problem.K_Q), np.float64(eta / problem.K_P)
     K_P, K_Q, T = problem.K_P, problem.K_Q, problem.T
+    params = cf.pack_line_params(problem, eta_V, eta_Q)
+    step_sizes = np.diag([eta_V, eta_Q])
     n_b = contexts.n_batches
     alpha = np.zeros(2)
     C = np.zeros((n_b, 2, 2))
@@ -646,16 +648,16 @@ def stage1_noise_band(problem: SCBProblem, eta: float, batch: int, steps: int, c
         progress.report(step - 1, steps)
         noise = reduced_noise(problem, alpha[0], alpha[1], contexts)
         a_V, a_Q = alpha
-        a = 1.0 / T + a_Q**2 * K_Q + e_Q.mean()
-        A_V = a_V**2 * K_P + e_V.mean()
+        e_V_mean, e_Q_mean = e_V.mean(), e_Q.mean()
+        a = 1.0 / T + a_Q**2 * K_Q + e_Q_mean  # the closure map's a and A_V: the contractions of e_V, e_Q and J
+        A_V = a_V**2 * K_P + e_V_mean
         J = np.array([[1 - eta_V * a, -eta_V * K_Q * (2 * a_Q * a_V - 1)],
                       [-eta_Q * K_P * (2 * a_V * a_Q - 1), 1 - eta_Q * A_V]])
-        steps_ = np.diag([eta_V, eta_Q])
-        C = J @ C @ J.T + steps_ @ noise["cov"] @ steps_ / batch
+        C = J @ C @ J.T + step_sizes @ noise["cov"] @ step_sizes / batch
         e_V = (1 - eta_V * a) ** 2 * e_V + eta_V**2 * noise["perp_V"] / batch
         e_Q = (1 - eta_Q * A_V) ** 2 * e_Q + eta_Q**2 * noise["perp_Q"] / batch
         paper_e_V = (1 - eta_V * a) ** 2 * paper_e_V + eta_V**2 * noise["total_V"].mean() / batch
-        alpha = np.array([a_V - eta_V * (a * a_V - (1.0 / T + a_Q * K_Q)), a_Q - eta_Q * (A_V * a_Q - a_V * K_P)])
+        alpha = cf.closure_map_step(step, np.array([a_V, a_Q, e_V_mean, e_Q_mean]), params)[:2]  # the mean path
         if not (np.all(np.isfinite(alpha)) and np.all(np.isfinite(C)) and np.all(np.isfinite(e_V))
                 and np.all(np.isfinite(e_Q)) and np.all(np.abs(alpha) < BLOWUP)):
             raise DivergenceError(f"the reduced noise band diverged at step {step} (try a smaller eta)")
