@@ -682,8 +682,10 @@ def pack_flow_params(problem: GDBetaProblem) -> np.ndarray:
 
 
 def flow_state(beta0, Gamma) -> np.ndarray:
-    """(β₀, Γ) -> flat state (β₀, vec Γ)."""
-    return np.concatenate([np.asarray(beta0, float).ravel(), np.asarray(Gamma, float).ravel()])
+    """(β₀, Γ) -> flat state (β₀, vec Γ); batches (..., d), (..., d, d) -> (..., d + d²), the inverse of
+    :func:`unpack_flow_state`."""
+    beta0, Gamma = np.asarray(beta0, float), np.asarray(Gamma, float)
+    return np.concatenate([beta0, Gamma.reshape(Gamma.shape[:-2] + (-1,))], axis=-1)
 
 
 def unpack_flow_state(y, d: int) -> tuple[np.ndarray, np.ndarray]:

@@ -844,16 +844,11 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
 DIFFUSION_FAMILY_RATE = 1e-3
 
 
-def _flat(beta0, Gamma):
-    """(…, d) and (…, d, d) -> (…, d + d²), the coordinates of cf.flow_state."""
-    return np.concatenate([beta0, Gamma.reshape(Gamma.shape[:-2] + (-1,))], axis=-1)
-
-
 def _sgd_paths(problem, batch_size, steps, lr, seed, runs, record_every):
     """Parameters of ``runs`` SGD runs at the recorded steps, (runs, n_records, p)."""
     paths = [dyn.minibatch_trajectory(problem, "gd_beta", batch_size, steps, seed=s, lr=lr, optimizer="sgd",
                                       record_every=record_every) for s in seeding.spawn(seed, runs)]
-    return np.array([_flat(run.states["beta0"], run.states["Gamma"]) for run in paths])
+    return np.array([cf.flow_state(run.states["beta0"], run.states["Gamma"]) for run in paths])
 
 
 def _checkpoints(band, steps, count=3):
