@@ -479,5 +479,6 @@ def _run(parser, argv) -> int:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return code
 
+
 if __name__ == "__main__":
     sys.exit(main())
