@@ -10,7 +10,8 @@ spawned before, so results do not depend on the order of work or on the number o
 what a claim that splits its seed into parts wants.
 
 The one integer that leaves this module is :func:`kernel_seed`, for numba's generator, which takes a seed in
-[0, 2³²) only; the value is in that range by construction, never truncated by numba.
+[0, 2³²) only; the value is in that range by construction, never truncated by numba. Kernels with their own
+generator (``dynamics/sampling.py``) take its whole 256-bit state from :func:`generator_state`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import zlib
 import numpy as np
 
 __all__ = ["SeedLike", "as_seed_sequence", "child", "named", "instance", "spawn", "generators", "kernel_seed",
-           "to_record", "from_record", "KERNEL_SEED_LIMIT"]
+           "generator_state", "to_record", "from_record", "KERNEL_SEED_LIMIT"]
 
 SeedLike = int | np.random.SeedSequence
 
@@ -87,6 +88,16 @@ def kernel_seed(seed: SeedLike) -> int:
     """
     word = as_seed_sequence(seed).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1)
     return int(word) & (KERNEL_SEED_LIMIT - 1)
+
+
+def generator_state(seed: SeedLike) -> np.ndarray:
+    """The 256-bit state (``uint64[4]``) of a kernel's xoshiro256+ generator (``dynamics/sampling.py``): four words of
+    the SeedSequence's state. An all-zero state would repeat zeros for ever; SeedSequence's hash makes it
+    unreachable in practice, and it is refused here rather than assumed away."""
+    state = as_seed_sequence(seed).generate_state(4, dtype=np.uint64)
+    if not state.any():
+        raise ValueError("seed gives the all-zero generator state; choose another seed")
+    return state
 
 
 def to_record(seed: SeedLike) -> dict:

@@ -1,0 +1,131 @@
+"""The kernels' sampler (dynamics/sampling.py) and the SCB minibatch kernel built on it, against exact laws and a
+brute-force sampler of the raw data model."""
+import math
+
+import numpy as np
+import pytest
+from numba import njit
+from scipy import stats
+
+from attnflow.closed_forms import scb as cf
+from attnflow.dynamics import sampling
+from attnflow.dynamics import scb as dyn
+from attnflow.seeding import generator_state
+
+LAW = np.array([0.0, 0.05, 0.3, 0.0, 0.15, 0.4, 0.1, 0.0])  # zeros inside and at the end
+
+
+@njit(cache=True)
+def _alias_sample(state, prob, alias, n):
+    u = np.empty(n)
+    sampling.fill_uniforms(state, u)
+    out = np.empty(n, np.int64)
+    for i in range(n):
+        out[i] = sampling.alias_pick(u[i], prob, alias)
+    return out
+
+
+@njit(cache=True)
+def _guided_picks(u, cdf, guide):
+    out = np.empty(u.shape[0], np.int64)
+    for i in range(u.shape[0]):
+        out[i] = sampling.guided_pick(u[i], cdf, guide)
+    return out
+
+
+def test_uniforms_are_reproducible_uniform_and_independent_of_how_they_are_split():
+    whole = np.empty(200_000)
+    sampling.fill_uniforms(generator_state(7), whole)
+    state = generator_state(7)
+    parts = [np.empty(n) for n in (1, 999, 199_000)]
+    for part in parts:
+        sampling.fill_uniforms(state, part)
+    assert np.array_equal(whole, np.concatenate(parts))
+    assert whole.min() >= 0.0 and whole.max() < 1.0
+    assert stats.kstest(whole, "uniform").pvalue > 1e-4  # nominal false-alarm rate 1e-4
+    lag = np.corrcoef(whole[:-1], whole[1:])[0, 1]  # serial correlation: SE 1/sqrt(n)
+    assert abs(lag) < 4.5 / math.sqrt(whole.size)
+    other = np.empty(1000)
+    sampling.fill_uniforms(generator_state(8), other)
+    assert not np.array_equal(whole[:1000], other)
+
+
+def test_alias_table_draws_the_law_and_never_a_zero_probability_category():
+    prob, alias = sampling.alias_table(LAW)
+    draws = _alias_sample(generator_state(1), prob, alias, 400_000)
+    counts = np.bincount(draws, minlength=LAW.size)
+    assert counts[LAW == 0].sum() == 0
+    support = LAW > 0
+    assert stats.chisquare(counts[support], LAW[support] * draws.size).pvalue > 1e-4
+    # the table itself is exact: P(i) = (prob[i] + Σ_{j: alias[j] = i} (1 − prob[j])) / n
+    exact = prob.copy()
+    np.add.at(exact, alias, 1.0 - prob)
+    np.testing.assert_allclose(exact / LAW.size, LAW, atol=1e-15)
+
+
+def test_guide_table_pick_is_the_inverse_cdf_exactly():
+    laws = np.stack([LAW, np.full(8, 1 / 8), np.eye(8)[3]])
+    cdf, guide = sampling.guide_tables(laws)
+    u = np.random.default_rng(2).random(50_000)
+    u[:4] = (0.0, 0.05, 0.35, 1 - 2**-53)  # boundaries of the cumulative sums and the largest uniform
+    for row in range(laws.shape[0]):
+        picks = _guided_picks(u, cdf[row], guide[row])
+        assert np.array_equal(picks, np.searchsorted(cdf[row], u, side="right"))
+        assert laws[row][picks].min() > 0  # trailing zero categories are cut off by setting their cdf to 1
+
+
+def test_minibatch_kernel_matches_a_brute_force_sampler_of_the_raw_data_model():
+    """Per-sample gradients from numpy's inverse-CDF sampler (rng.choice on μ, q*⁽ᵏ⁾ and Pe_{x_s}) and the raw
+    definitions (r = e_o − Vy, ∇_V = −r yᵀ, ∇_{q⁽ᵏ⁾} = −XᵀVᵀr), against the kernel's batch means: every entry within
+    a Bonferroni z bound at family-wise level 1e-3, with a variance ratio check, and a biased sampler caught."""
+    problem = cf.SCBProblem.random(4, 6, 2, seed=5)
+    V = np.random.default_rng(0).normal(size=(4, 4))
+    Q = np.random.default_rng(1).dirichlet(np.ones(6), size=4).T
+    n = 60_000
+    reference = _brute_force_gradients(problem, V, Q, n, np.random.default_rng(11))
+    batches = 60
+    kernel = np.array([np.concatenate([g["grad_V"].ravel(), g["grad_Q"].ravel(), [g["loss"]]])
+                       for g in (dyn.minibatch_gradients(problem, V, Q, n // batches, seed=s) for s in range(batches))])
+    mean_ref, se_ref = reference.mean(axis=0), reference.std(axis=0, ddof=1) / math.sqrt(n)
+    mean_k, se_k = kernel.mean(axis=0), kernel.std(axis=0, ddof=1) / math.sqrt(batches)
+    z = (mean_k - mean_ref) / np.hypot(se_k, se_ref)
+    bound = stats.norm.isf(1e-3 / 2 / z.size)
+    assert np.abs(z).max() < bound
+    # spread: batch means of n/batches samples have variance σ²/(n/batches); ratio ~ F(batches − 1, n − 1)
+    ratio = kernel.var(axis=0, ddof=1) * (n // batches) / reference.var(axis=0, ddof=1)
+    low, high = stats.f.ppf([1e-3 / 2 / z.size, 1 - 1e-3 / 2 / z.size], batches - 1, n - 1)
+    assert np.all((ratio > low) & (ratio < high))
+    biased = _brute_force_gradients(problem, V, Q, n, np.random.default_rng(12), mu=np.roll(problem.mu, 1))
+    z_biased = (mean_k - biased.mean(axis=0)) / np.hypot(se_k, biased.std(axis=0, ddof=1) / math.sqrt(n))
+    assert np.abs(z_biased).max() > bound
+
+
+def _brute_force_gradients(problem, V, Q, n, rng, mu=None):
+    mu = problem.mu if mu is None else mu
+    N, T = problem.N, problem.T
+    out = np.empty((n, N * N + T * N + 1))
+    x = rng.choice(N, size=(n, T), p=mu)
+    k = rng.choice(N, size=n, p=mu)
+    for b in range(n):
+        s = rng.choice(T, p=problem.Q_star[:, k[b]])
+        o = rng.choice(N, p=problem.P[:, x[b, s]])
+        X = np.eye(N)[x[b]]  # T × N one-hot rows
+        y = X.T @ Q[:, k[b]]
+        r = np.eye(N)[o] - V @ y
+        grad_Q = np.zeros((T, N))
+        grad_Q[:, k[b]] = -X @ (V.T @ r)
+        out[b] = np.concatenate([(-np.outer(r, y)).ravel(), grad_Q.ravel(), [0.5 * r @ r]])
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+def test_minibatch_kernel_draws_do_not_depend_on_the_chunk(chunk):
+    """The draws are the same whatever the chunk; only the order of additions in the sums changes."""
+    problem = cf.SCBProblem.random(6, 10, 2, seed=1)
+    V, Q = cf.line_point(problem, 0.4, 0.3)
+    ref = dyn.minibatch_gradients(problem, V, Q, 500, seed=4)
+    other = dyn.minibatch_gradients(problem, V, Q, 500, seed=4, chunk=chunk)
+    for name in ("loss", "G_V", "G_Q", "grad_V", "grad_Q"):
+        np.testing.assert_allclose(other[name], ref[name], rtol=1e-12, atol=1e-14)
+    again = dyn.minibatch_gradients(problem, V, Q, 500, seed=4)
+    assert all(np.array_equal(again[name], ref[name]) for name in ref)
