@@ -2,7 +2,8 @@
 
 Compiled and plain runs must agree on every outcome. This runs, in a fresh process without JIT, the quick
 claims that finish in seconds as plain Python — at least one per system — and an SCB minibatch claim at tiny
-settings, whose kernels draw from numba's generator (its seeds must be valid for numpy's legacy generator too).
+settings, whose kernels draw from their own xoshiro256+ generator (its wrapping uint64 arithmetic must also run on
+numpy scalars).
 The other quick claims also run without JIT, but in minutes to hours as plain Python; docs/cli.md lists them.
 """
 import json
