@@ -11,22 +11,22 @@ step plus the full model's O((K + M)·M) W update). Everything runs in this proc
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
+from _common import emit, parser
 
 from attnflow.closed_forms import random_walk as cf
 from attnflow.dynamics import random_walk as dyn
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=20_000)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--reference", type=int, default=400_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+def main(argv=None):
+    p = parser(__doc__)
+    p.add_argument("--samples", type=int, default=20_000)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--reference", type=int, default=400_000)
+    p.set_defaults(repeats=3)
+    args = p.parse_args(argv)
     problem = cf.RandomWalkProblem(K=20, N=101, p=0.5)
     seeds = np.random.SeedSequence(0).spawn(2 * args.repeats + 1)
     reference_paths = dyn.sample_paths(problem, args.reference, np.random.default_rng(seeds[-1]))
@@ -64,14 +64,16 @@ def main():
     e_red, e_full = np.sqrt(np.mean(np.square(errors["reduced"]))), np.sqrt(np.mean(np.square(errors["full"])))
     t_full = float(np.median(times["full"]))
     needed = args.samples * (e_full / e_red) ** 2
-    print(f"K = 20, N = 101, M = 1000, p = 0.5, {args.steps} steps, {args.samples:,} samples, {args.repeats} repeats")
-    print(f"reduced map:   {t_map:.3f} s for the map alone ({float(np.median(times['reduced'])):.3f} s with accuracy "
-          f"records); relative error of V {e_red:.2e}")
-    print(f"full (V, W) GD: {t_full:.3f} s; relative error of V {e_full:.2e}")
-    print(f"full GD needs ≈ {needed:,.0f} sequences for the reduced map's error → ≈ {t_full * needed / args.samples:.2f} s")
-    print(f"ratio at equal accuracy: {t_full * needed / args.samples / t_map:.1f}x  (at equal samples {t_full / t_map:.1f}x)")
-    print("Target: >= 10x at the same statistical accuracy.")
-
+    t_reduced = float(np.median(times["reduced"]))
+    equal_accuracy = t_full * needed / args.samples / t_map
+    emit(f"random walk K = 20, N = 101, M = 1000, p = 0.5, {args.steps} steps, {args.samples:,} samples "
+         f"(target: >= 10x at equal accuracy)",
+         ["contender", "seconds", "relative error of V", "samples for the reduced map's error"],
+         [["reduced map (map alone)", t_map, e_red, args.samples],
+          ["reduced map with accuracy records", t_reduced, e_red, args.samples],
+          ["full (V, W) GD", t_full, e_full, round(needed)]],
+         {"random_walk_reduced_vs_full_equal_accuracy": equal_accuracy,
+          "random_walk_reduced_vs_full_equal_samples": t_full / t_map}, args.json)
 
 if __name__ == "__main__":
     main()

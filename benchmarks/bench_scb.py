@@ -1,18 +1,20 @@
-"""SCB: minibatch throughput of the numba Algorithm-1 step against a straightforward vectorised numpy step (not a
-test). Both draw a fresh batch from the data model (docs/scb.md §2) and take one preconditioned step (docs/scb.md §5, eq. 4);
-samples per second are measured side by side in this process.
+"""SCB: the minibatch Algorithm-1 step against a vectorised numpy step and against the machine's GEMM floor.
 
-    python benchmarks/bench_scb.py [--batch 4096] [--steps 5]
+Both contenders draw fresh batches from the data model (docs/scb.md §2) and take preconditioned steps
+(docs/scb.md §5, eq. 4); CPU time per sample is measured side by side in this process. The floor is the step's
+GEMM flops at the GEMM rate measured on this core at the kernel's shapes (the sampling is not counted in it).
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_scb.py [--batch 4096] [--steps 5] [--json]
 """
 from __future__ import annotations
 
-import argparse
-import time
-
 import numpy as np
+from _common import emit, gemm_rate, parser, side_by_side
 
 from attnflow.closed_forms import scb as cf
 from attnflow.dynamics import scb as dyn
+
+SIZES = ((20, 64), (50, 128), (100, 256))
 
 
 def numpy_step(problem, V, Q, batch, rng, eta_V, eta_Q):
@@ -42,32 +44,46 @@ def numpy_step(problem, V, Q, batch, rng, eta_V, eta_Q):
     Q -= eta_Q * G_Q
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
-    print(f"one preconditioned minibatch step, batch {args.batch}, {args.steps} steps each (median of 3 repeats)")
-    print(f"{'N':>5s} {'T':>5s} {'numba samples/s':>16s} {'numpy samples/s':>16s} {'ratio':>7s}")
-    for N, T in ((20, 64), (50, 128), (100, 256)):
+def gemm_floor_seconds_per_sample(N: int) -> float:
+    """The machine's limit for one sample: the step's three products (R = E_o − YVᵀ, RᵀY, W = RV; 2N² flops each
+    per sample, docs/scb.md §5.1) at the GEMM rate measured on this core at the kernel's shapes (chunk × N × N)."""
+    rate = min(gemm_rate(dyn.CHUNK, N, N), gemm_rate(N, dyn.CHUNK, N))
+    return 6.0 * N * N / rate
+
+
+def main(argv=None):
+    p = parser(__doc__)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=5)
+    args = p.parse_args(argv)
+    rows, ratios = [], {}
+    for N, T in SIZES:
         problem = cf.SCBProblem.random(N, T, 4, seed=0)
         stage = dyn.StageSettings(args.steps, args.batch, 0.25)
-        dyn.run_stage(problem, problem.initial_point(), dyn.StageSettings(1, 16, 0.25), seed=0)  # compile or load
-        numba_times, numpy_times = [], []
-        for repeat in range(3):
-            start = time.perf_counter()
-            dyn.run_stage(problem, problem.initial_point(), stage, seed=repeat, record_every=args.steps)
-            numba_times.append(time.perf_counter() - start)
+        state = {"numpy": 0}
+
+        def kernel():
+            dyn.run_stage(problem, problem.initial_point(), stage, seed=0, record_every=args.steps)
+
+        def vectorised():
             V, Q = (np.array(m) for m in problem.initial_point())
-            rng = np.random.default_rng(repeat)
-            start = time.perf_counter()
+            rng = np.random.default_rng(state["numpy"])
+            state["numpy"] += 1
             for _ in range(args.steps):
                 numpy_step(problem, V, Q, args.batch, rng, 0.25 / problem.K_Q, 0.25 / problem.K_P)
-            numpy_times.append(time.perf_counter() - start)
+
+        times = side_by_side({"kernel": kernel, "numpy": vectorised}, args.repeats)
         samples = args.steps * args.batch
-        a, b = samples / np.median(numba_times), samples / np.median(numpy_times)
-        print(f"{N:5d} {T:5d} {a:16.3g} {b:16.3g} {a / b:6.1f}x")
-    print("Target: >= 10x at both sizes.")
+        per_kernel, per_numpy = times["kernel"] / samples, times["numpy"] / samples
+        floor = gemm_floor_seconds_per_sample(N)
+        rows.append([N, T, per_kernel * 1e6, per_numpy * 1e6, per_numpy / per_kernel, floor * 1e6,
+                     per_kernel / floor])
+        ratios[f"scb_kernel_vs_numpy_N{N}_T{T}"] = per_numpy / per_kernel
+        ratios[f"scb_kernel_over_gemm_floor_N{N}_T{T}"] = per_kernel / floor
+    emit(f"SCB minibatch step, batch {args.batch}, {args.steps} steps, median CPU of {args.repeats} "
+         "(targets: >= 10x numpy, <= 1.5x floor)",
+         ["N", "T", "kernel µs/sample", "numpy µs/sample", "vs numpy", "floor µs/sample", "kernel/floor"],
+         rows, ratios, args.json)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ tasks, where the ideal is the total sleep divided by the number of workers.
 """
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 import tempfile
 import time
+
+from _common import emit, parser
 
 from attnflow.validation.sweep import run_sweep
 
@@ -21,36 +23,37 @@ def timed(label, tasks, sleep, workers, **kwargs):
     with tempfile.TemporaryDirectory() as store:  # warm-up: start workers, import attnflow in each
         start = time.perf_counter()
         run_sweep("sweep.sleep", {"seconds": [0.0]}, seeds=4 * workers, store=store, master_seed=1, **kwargs)
-        print(f"{label:34s} start-up (workers, imports) {time.perf_counter() - start:6.2f} s")
+        startup = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as store:
         start = time.perf_counter()
-        result = run_sweep("sweep.sleep", {"seconds": [sleep]}, seeds=tasks, store=store, **kwargs)
+        result = run_sweep("sweep.sleep", {"seconds": [sleep]}, seeds=tasks, store=store, master_seed=2, **kwargs)
         wall = time.perf_counter() - start
     assert result.computed == tasks
     overhead = (wall - tasks * sleep / workers) / tasks
-    print(f"{label:34s} wall {wall:7.2f} s   overhead per task {overhead * 1e3:8.2f} ms")
-    return overhead
+    return [label, startup, wall, overhead * 1e3]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--sleep", type=float, default=0.0)
-    args = parser.parse_args()
+def main(argv=None):
+    p = parser(__doc__)
+    p.add_argument("--tasks", type=int, default=200)
+    p.add_argument("--sleep", type=float, default=0.0)
+    args = p.parse_args(argv)
     cores = os.cpu_count() or 1
-    print(f"{args.tasks} tasks of sweep.sleep(seconds={args.sleep}) on {cores} cores, one JSON record each")
-    timed("single process (n_jobs=1)", args.tasks, args.sleep, 1, n_jobs=1)
-    timed(f"joblib loky (n_jobs={cores})", args.tasks, args.sleep, cores, n_jobs=cores)
+    rows = [timed("single process (n_jobs=1)", args.tasks, args.sleep, 1, n_jobs=1),
+            timed(f"joblib loky (n_jobs={cores})", args.tasks, args.sleep, cores, n_jobs=cores)]
     try:
         from dask.distributed import LocalCluster
     except ImportError:
-        print("dask not installed: pip install 'attnflow[dask]'")
-        return
-    start = time.perf_counter()
-    with LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        print(f"(local Dask cluster started in {time.perf_counter() - start:.2f} s, excluded below)")
-        timed(f"dask LocalCluster ({cores} workers)", args.tasks, args.sleep, cores, scheduler=cluster.scheduler_address)
-
+        print("dask not installed (pip install 'attnflow[dask]'): its row is skipped", file=sys.stderr)
+    else:
+        with LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            rows.append(timed(f"dask LocalCluster ({cores} workers)", args.tasks, args.sleep, cores,
+                              scheduler=cluster.scheduler_address))
+    # not speed-ups: per-task overhead relative to one sweep task run in-process (lower is better)
+    ratios = {f"sweep_overhead_{key}_over_single_process": row[3] / rows[0][3]
+              for key, row in zip(("joblib", "dask"), rows[1:])}
+    emit(f"{args.tasks} tasks of sweep.sleep(seconds={args.sleep}) on {cores} cores, one JSON record each",
+         ["backend", "start-up s", "wall s", "overhead ms/task"], rows, ratios, args.json)
 
 if __name__ == "__main__":
     main()

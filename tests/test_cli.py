@@ -103,6 +103,8 @@ def test_solve_gd_beta_json_and_plot(tmp_path):
         (["frobnicate"], "invalid choice"),
         (["solve", "gd-beta", "--param", "H=1e-300"], "H: the flow's slowest local rate is 0"),
         (["solve", "gd-beta", "--param", "sigma2=1e300"], "sigma2 has entries of size 1e+300"),
+        (["bench", "nosuch"], "unknown benchmark 'nosuch'; available:"),
+        (["bench", "scb", "--repeats", "0"], "--repeats must be >= 1"),
         (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=1e9", "--seeds", "2", "--store",
           "/tmp/attnflow-never-written"], "would sample 264.0 GB at once"),
     ],
@@ -183,3 +185,20 @@ def test_warnings_are_collected_so_an_error_stays_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_command_list", warn_then("pass"))
     assert cli.main(["list"]) == 0
     assert capsys.readouterr().err == "attnflow: warning: RuntimeWarning: overflow encountered in multiply\n"
+
+
+def test_bench_runs_a_script_in_its_own_process_and_gathers_its_named_ratios(tmp_path, monkeypatch):
+    """`attnflow bench` reads each script's --json ratios; a script that fails is named and makes the exit 1."""
+    from attnflow.validation import cli
+    good, bad = tmp_path / "bench_good.py", tmp_path / "bench_bad.py"
+    good.write_text("import json, os, sys\nassert '--json' in sys.argv and os.environ['OPENBLAS_NUM_THREADS'] == '1'\n"
+                    "print(json.dumps({'benchmark': 'good', 'ratios': {'good_speedup': 12.5}}))\n")
+    bad.write_text("raise SystemExit(3)\n")
+    monkeypatch.setattr(cli, "benchmark_scripts", lambda: {"good": good, "bad": bad})
+    assert cli.main(["bench", "good", "--json"]) == 0
+    assert cli.main(["bench"]) == 1
+
+
+def test_bench_finds_the_checkout_benchmarks():
+    from attnflow.validation import cli
+    assert {"scb", "one_nn", "group_sparse", "reduced_solves"} <= set(cli.benchmark_scripts())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -100,6 +101,11 @@ def _build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--plot", metavar="FILE", help="scaling plot with the fitted and the theorem's line")
     sweep.add_argument("--json", action="store_true", help="print the records and the fit as JSON")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    bench = sub.add_parser("bench", help="run the speed benchmarks (benchmarks/ of a source checkout): named ratios")
+    bench.add_argument("names", nargs="*", help="only these benchmarks, e.g. scb one_nn (default: all)")
+    bench.add_argument("--repeats", type=int, help="interleaved repeats per contender (default: each script's own)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object: benchmark → named ratios")
 
     solve = _add_system_command(sub, "solve", "closed forms and the population dynamics of one system")
     solve.add_argument("--latex", action="store_true", help="print the symbolic derivation of the reduced system")
@@ -438,6 +444,52 @@ def _stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
+def benchmark_scripts() -> dict[str, Path]:
+    """The benchmark scripts of the source checkout this package runs from, by name (bench_scb.py → scb)."""
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    return {path.stem.removeprefix("bench_"): path for path in sorted(folder.glob("bench_*.py"))}
+
+
+def _command_bench(args) -> int:
+    """Each benchmark runs in its own process with single-threaded BLAS (the ratios compare one core with one
+    core) and prints its table to stderr and its named ratios as JSON; this gathers them."""
+    scripts = benchmark_scripts()
+    if not scripts:
+        raise ValueError("no benchmarks found: they ship with a source checkout (benchmarks/), not with the wheel")
+    unknown = [name for name in args.names if name not in scripts]
+    if unknown:
+        raise ValueError(f"unknown benchmark {unknown[0]!r}; available: {', '.join(scripts)}")
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    results, failed = {}, []
+    for name in args.names or scripts:
+        command = [sys.executable, str(scripts[name]), "--json"]
+        if args.repeats is not None:
+            command += ["--repeats", str(args.repeats)]
+        if not args.json:
+            print(f"attnflow bench: {name} …", file=sys.stderr, flush=True)
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None if not args.json else subprocess.DEVNULL,
+                              text=True, env=env)
+        try:
+            results[name] = json.loads(done.stdout)["ratios"] if done.returncode == 0 else None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            results[name] = None
+        if results[name] is None:
+            failed.append(name)
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        print(f"{'benchmark':14s} {'ratio':52s} {'value':>10s}")
+        for name, ratios in results.items():
+            for key, value in (ratios or {"(failed: see its output above)": float("nan")}).items():
+                print(f"{name:14s} {key:52s} {value:10.3g}")
+    if failed:
+        print(f"attnflow: error: benchmark(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     parser = _build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -465,7 +517,7 @@ def _run(parser, argv) -> int:
             args = parser.parse_args(argv)
             command = {"list": _command_list, "check": _command_check, "solve": _command_solve,
                        "simulate": _command_simulate, "sweep": _command_sweep,
-                       "calibrate": _command_calibrate}[args.command]
+                       "calibrate": _command_calibrate, "bench": _command_bench}[args.command]
             code = command(args)
         except (ValueError, DivergenceError, StageFailure, BudgetExceeded) as error:
             message = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -1,0 +1,81 @@
+"""What every benchmark script shares: CPU timing of contenders run side by side, the machine's GEMM rate (the
+floor every kernel is compared with), and the output convention (a table, or with ``--json`` one JSON object of
+named ratios on stdout with the table moved to stderr).
+
+A ratio is always "how many times faster attnflow is" (> 1 is better for attnflow) unless its name says
+otherwise, e.g. ``..._over_floor`` (time / floor time: 1 is the machine's limit, lower is better).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """An argument parser with the flags every benchmark takes."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print a JSON object of named ratios (table on stderr)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats per contender (median CPU time)")
+    return p
+
+
+def cpu_seconds(function: Callable[[], object]) -> float:
+    """CPU time of one call: process time, so a busy neighbour core does not count against the contender."""
+    start = time.process_time()
+    function()
+    return time.process_time() - start
+
+
+def side_by_side(cases: dict[str, Callable[[], object]], repeats: int, warmup: bool = True) -> dict[str, float]:
+    """Median CPU seconds per contender. Every contender is called once first (compile or cache load, not
+    counted), then the contenders take turns ``repeats`` times, so drifts of the machine hit all alike."""
+    if warmup:
+        for function in cases.values():
+            function()
+    timings: dict[str, list[float]] = {label: [] for label in cases}
+    for _ in range(repeats):
+        for label, function in cases.items():
+            timings[label].append(cpu_seconds(function))
+    return {label: statistics.median(values) for label, values in timings.items()}
+
+
+def gemm_rate(m: int, k: int, n: int, repeats: int = 7) -> float:
+    """Measured float64 GEMM rate (flop/s) of an (m, k) @ (k, n) product on this core: 2mkn flops per call, with
+    as many calls per timing as make it last about 20 ms."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    out = np.empty((m, n))
+    np.matmul(a, b, out=out)
+    calls = max(1, int(2e7 / max(2.0 * m * k * n, 1.0)))
+    best = np.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            np.matmul(a, b, out=out)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 2.0 * m * k * n / best
+
+
+def emit(title: str, header: list[str], rows: list[list[object]], ratios: dict[str, float], as_json: bool) -> None:
+    """Print the table (stdout, or stderr under --json) and, under --json, the named ratios as one JSON object."""
+    stream = sys.stderr if as_json else sys.stdout
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
+    print(f"== {title} ==", file=stream)
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)), file=stream)
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)), file=stream)
+    if as_json:
+        print(json.dumps({"benchmark": title, "ratios": {k: float(v) for k, v in ratios.items()}}, indent=1))
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
