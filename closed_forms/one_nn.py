@@ -37,22 +37,19 @@ DEFAULT_GRID = (500, 300)
 
 @dataclass(frozen=True)
 class Resolution:
-    """How the reduced dynamics choose their quadrature grid at each (ξ₁, ξ₂), see :func:`_adaptive_quadrature`.
+    """How the reduced dynamics choose their quadrature grid at each (ξ₁, ξ₂), see :func:`_adaptive_quadrature` and
+    docs/one_nn.md §6 ("The dynamics' quadrature").
 
-    The θ grid has max(theta_min, theta_per_xi1·ξ₁) nodes (odd), and the value is Richardson-extrapolated from it
-    and its every-other-node subgrid: the Max terms have features of width ~1/ξ₁ in t wherever the nearest
-    neighbour can lie, so a fixed θ grid loses accuracy like (ξ₁·Δt)². The λ = e^w grid has a fixed spacing
-    ``dw`` over a range that grows with ξ₁ and ξ₂. Its trapezoid rule converges geometrically on a well-resolved θ
-    grid (dw = 0.7 gives ~1e-6), but on the coarse Richardson subgrid the λ-integrand is a train of bumps
-    ξ₁Δt apart in w, so dw must stay well below that spacing: dw = 0.7 left 1.5% gradient errors at ξ₁ = 100.
-    Relative error of L and ∇L (d = 4, N = 16) with the default, against 16001×1201-node references:
-    ≤ 2e-6 at ξ = (3, 4) and (12, 10), 6e-4 at (40, 35), 1e-3 at (100, 80), 5e-4 at (200, 150) —
-    at 0.8, 1.1, 4.4 and 16 ms per evaluation (docs/one_nn.md).
+    Nodes uniform in v = ξ₁(1 − t) with spacing h = 2/theta_per_xi1 (so theta_per_xi1·ξ₁ nodes over all of t ∈ [−1, 1]),
+    at least theta_min of them; w = log λ on a grid of spacing m·h ≈ dw with m odd, aligned with the v nodes so that
+    e^{−λu} is read from a table. Richardson-extrapolated against the every-other-node subgrid. With the default
+    (h = 0.2, dw = 0.6) the relative error of ∇L is <= 2e-5 for d >= 3 at the points checked (ξ₁ up to 200), about
+    1e-3 for d = 2.
     """
 
     theta_min: int = 151
-    theta_per_xi1: float = 4.0
-    dw: float = 0.4
+    theta_per_xi1: float = 10.0
+    dw: float = 0.6
 
     def __post_init__(self):
         object.__setattr__(self, "theta_min", check.integer(self.theta_min, "theta_min", minimum=17))
@@ -132,115 +129,147 @@ def _theta_grid(d, log_B, n_theta):
     return t, w
 
 
-_LOG2 = math.log(2.0)
+# λu above which e^{−λu} counts as 0 (e^{−40} = 4e-18) in both kernels.
+X_HIGH = 40.0
 
 
 @njit(cache=True)
-def _signed_exp(log_magnitude, factor):
-    """factor·exp(log_magnitude) computed as sign(factor)·exp(log_magnitude + log|factor|): no inf·0."""
-    if factor == 0.0:
-        return 0.0
-    value = math.exp(log_magnitude + math.log(abs(factor)))
-    return value if factor > 0.0 else -value
+def _ipow(x, n):
+    """x**n for an integer n >= 0 by repeated squaring: a few products instead of a log and an exp per cell."""
+    result = 1.0
+    while n > 0:
+        if n & 1:
+            result *= x
+        x *= x
+        n >>= 1
+    return result
 
 
 @njit(cache=True)
-def _lambda_range(xi1, a, N):
+def _lambda_range(xi1, xi2, N):
     """[w_lo, w_hi] of w = log λ. Below: the m = 1 integrands vanish only like λ, so a cut-off at ε/(a + N) loses a
     relative ~ε of them (a first choice ε = 1e-5 gave a bias invisible to grid refinement, docs/one_nn.md §6);
-    ε = 1e-14 is below round-off. Above: e^{−λZ'} < e^{−80} for every Z' >= a + N e^{−2ξ₁}."""
-    return math.log(1e-14 / (a + N)), math.log(80.0 / (a + N * math.exp(-2.0 * xi1)))
+    ε = 1e-14 is below round-off. Above: e^{−λZ'} < e^{−80} for every Z' >= a + N e^{−2ξ₁}, a = e^{−ξ₂}; the upper end
+    is computed as log 80 − log(e^{−ξ₂} + e^{log N − 2ξ₁}) so that it stays finite for ξ₁ beyond ~350 and ξ₂ = ∞."""
+    log_a = -xi2 if np.isfinite(xi2) else -np.inf
+    log_floor = math.log(N) - 2.0 * xi1
+    top = max(log_a, log_floor)
+    log_lower = top + math.log1p(math.exp(min(log_a, log_floor) - top))
+    return math.log(1e-14) - (max(log_a, math.log(N)) + math.log1p(math.exp(-abs(log_a - math.log(N))))), \
+        math.log(80.0) - log_lower
 
 
 @njit(cache=True)
 def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
-    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) at (ξ₁, ξ₂) by the formulas of docs/one_nn.md §6 (ξ₂ = inf allowed: the query fully masked).
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) at (ξ₁, ξ₂) on a θ × λ grid by the formulas of docs/one_nn.md §6 (ξ₂ = inf allowed: the
+    query fully masked). The reference quadrature of :func:`reduced_loss` and :func:`reduced_loss_on_grid`.
 
     With u = exp(ξ₁(t − 1)), r = t − 1, a = exp(−ξ₂), Z' = a + Σu_j, and 1/Z'^m = ∫ λ^{m−1}/(m−1)! e^{−λZ'} dλ:
-      L       = ½ − Max[u;1] + ½ Sum[u²;2]
+      L       = ½E[(a² + 2aR + 2Σ_{j≠i*}u_j² + Σ_{j≠k≠i*}u_j u_k)/Z'²],  R = Σ_{j≠i*}u_j   (every term >= 0)
       ∂L/∂ξ₂  = −a Max[u;2] + a Sum[u²;3]
       ∂L/∂ξ₁  = Max[u²r;2] + MaxPair[u, ur;2] + Sum[u²r;2] − Sum[u³r;3] − Pair[u², ur;3] − Max[ur;1]
     Sum/Pair factorise over the i.i.d. t_j; Max/MaxPair condition on the nearest neighbour's value s = t_{i*}
-    (the others i.i.d. below s). λ = e^w on a uniform w grid; every λ-integrand is assembled in log space.
+    (the others i.i.d. below s). λ = e^w on a uniform w grid. Every transform is carried in the scaled form
+    λ^m Φ_h = E[(λu)^m … e^{−λu}], a bounded number, and every integrand is a plain product of bounded factors:
+    nothing underflows where it matters (docs/one_nn.md §6, "The sign of the loss").
     """
     if xi2 < XI2_QUERY_DOMINATES:
         return 0.5, 0.0, 0.0
     t, w = _theta_grid(d, log_B, n_theta)
-    u = np.exp(xi1 * (t - 1.0))
-    log_wu = np.empty(n_theta)  # log(w_k u_k), once per call: the Max terms are assembled in log space
-    for k in range(n_theta):
-        log_wu[k] = math.log(w[k]) + xi1 * (t[k] - 1.0) if w[k] > 0.0 else -np.inf
+    log_u = xi1 * (t - 1.0)
+    u = np.exp(log_u)
     r = t - 1.0
     a = math.exp(-xi2) if np.isfinite(xi2) else 0.0
-    w_lo, w_hi = _lambda_range(xi1, a, N)
+    w_lo, w_hi = _lambda_range(xi1, xi2, N)
     dw = (w_hi - w_lo) / (n_lam - 1)
-    # Accumulators: Max[u;1], Max[u;2], Max[u²r;2], Max[ur;1], MaxPair[u,ur;2], Sum[u²;2], Sum[u²;3],
-    # Sum[u²r;2], Sum[u³r;3], Pair[u²,ur;3].
-    acc = np.zeros(10)
-    expm = np.empty(n_theta)  # 1 − e^{−λu}
-    tail_psi = np.empty(n_theta)  # E[(1 − e^{−λu}) 1{t < s_k}] (cumulative trapezoid, half weight at k)
-    tail_ur = np.empty(n_theta)  # E[u r e^{−λu} 1{t < s_k}]
-    tail_F = np.empty(n_theta)  # P(t < s_k)
+    # Accumulators: a·Max[u;2], Max[u²r;2], Max[ur;1], MaxPair[u,ur;2], a·Sum[u²;3], Sum[u²r;2], Sum[u³r;3],
+    # Pair[u²,ur;3], and the loss.
+    acc = np.zeros(9)
+    x = np.empty(n_theta)  # λu
+    e = np.empty(n_theta)  # e^{−λu}
+    phi_floor = math.exp(-700.0 / max(N - 1, 1))
     for i in range(n_lam):
         wi = w_lo + i * dw
         lam = math.exp(wi)
+        lam_a = math.exp(wi - xi2) if a > 0.0 else 0.0  # λa
+        ea = math.exp(-lam_a)
         quad_w = dw * (0.5 if i == 0 or i == n_lam - 1 else 1.0)
-        psi = 0.0
-        Phi_u2 = 0.0
-        Phi_u2r = 0.0
-        Phi_u3r = 0.0
-        Phi_ur = 0.0
+        psi = 0.0  # E[1 − e^{−λu}]
+        A2 = 0.0  # λ²Φ_{u²}
+        A2r = 0.0  # λ²Φ_{u²r}
+        A3r = 0.0  # λ³Φ_{u³r}
+        A1r = 0.0  # λΦ_{ur}
         for k in range(n_theta):
-            expm[k] = -math.expm1(-lam * u[k])  # 1 − e^{−λu}, accurate when λu is small
-            e = 1.0 - expm[k]
-            psi += w[k] * expm[k]
-            Phi_u2 += w[k] * u[k] * u[k] * e
-            Phi_u2r += w[k] * u[k] * u[k] * r[k] * e
-            Phi_u3r += w[k] * u[k] * u[k] * u[k] * r[k] * e
-            Phi_ur += w[k] * u[k] * r[k] * e
-        log_phi = math.log1p(-psi) if psi < 1.0 else -np.inf
-        # --- Sum and Pair terms: N ∫ K_m e^{−λa} Φ_h φ^{N−1} dλ, N(N−1) ∫ K_m e^{−λa} Φ_h Φ_g φ^{N−2} dλ,
-        # each assembled as sign·exp(m·w − λa + (N−1)log φ + log|Φ|): λ^m alone overflows at large ξ.
-        base = -lam * a + (N - 1) * log_phi if N > 1 else -lam * a
-        acc[5] += quad_w * N * _signed_exp(2.0 * wi + base, Phi_u2)
-        acc[6] += quad_w * N * _signed_exp(3.0 * wi + base - _LOG2, Phi_u2)
-        acc[7] += quad_w * N * _signed_exp(2.0 * wi + base, Phi_u2r)
-        acc[8] += quad_w * N * _signed_exp(3.0 * wi + base - _LOG2, Phi_u3r)
-        if N > 1 and log_phi > -np.inf and Phi_u2 != 0.0:
-            acc[9] += quad_w * N * (N - 1) * _signed_exp(3.0 * wi + base - _LOG2 - log_phi + math.log(Phi_u2), Phi_ur)
-        # --- Max and MaxPair terms: cumulative sums over t < s_k, i.e. over θ-nodes beyond k
-        run_psi = 0.0
-        run_ur = 0.0
-        run_F = 0.0
-        for k in range(n_theta - 1, -1, -1):
-            tail_psi[k] = run_psi + 0.5 * w[k] * expm[k]
-            tail_ur[k] = run_ur + 0.5 * w[k] * u[k] * r[k] * (1.0 - expm[k])
-            tail_F[k] = run_F + 0.5 * w[k]
-            run_psi += w[k] * expm[k]
-            run_ur += w[k] * u[k] * r[k] * (1.0 - expm[k])
-            run_F += w[k]
-        scale = wi - lam * a  # log(λ e^{−λa}), shared by every Max node at this λ
-        for k in range(n_theta):
-            if log_wu[k] == -np.inf:
-                continue  # every Max term carries a factor w_k u(s_k)
-            phi_s = tail_F[k] - tail_psi[k]
-            if N > 1 and phi_s <= 0.0:
+            xk = lam * u[k] if log_u[k] > -700.0 else math.exp(wi + log_u[k])  # u alone may underflow
+            x[k] = xk
+            wk = w[k]
+            if xk > X_HIGH:  # e^{−λu} = 0 to double precision (and (λu)³ may overflow)
+                x[k] = 0.0
+                e[k] = 0.0
+                psi += wk
                 continue
-            log_term = scale + log_wu[k]
-            if N > 1:
-                log_term += (N - 1) * math.log(phi_s)
-            k1 = math.exp(log_term) * (1.0 - expm[k])  # m = 1 times w_k u_k; e^{−λu_k} = 1 − expm[k]
-            k2s = k1 * lam  # m = 2 (k1 <= ~e^{ξ₂}, so this stays finite for ξ₂ below ~350)
-            acc[0] += quad_w * N * k1
-            acc[1] += quad_w * N * k2s
-            acc[2] += quad_w * N * u[k] * r[k] * k2s
-            acc[3] += quad_w * N * r[k] * k1
-            if N > 1:
-                # |tail_ur/φ_s| <= max|u r| <= 2, so the product stays finite where k2s does
-                acc[4] += quad_w * N * (N - 1) * k2s * (tail_ur[k] / phi_s)
-    loss = 0.5 - acc[0] + 0.5 * acc[5]
-    d_xi2 = -a * acc[1] + a * acc[6]
-    d_xi1 = acc[2] + acc[4] + acc[7] - acc[8] - acc[9] - acc[3]
+            ek = math.exp(-xk)
+            e[k] = ek
+            psi += wk * -math.expm1(-xk)
+            A2 += wk * xk * xk * ek
+            A2r += wk * r[k] * xk * xk * ek
+            A3r += wk * r[k] * xk * xk * xk * ek
+            A1r += wk * r[k] * xk * ek
+        phi_N1 = math.exp((N - 1) * math.log1p(-psi)) if N > 1 else 1.0
+        phi_N2 = math.exp((N - 2) * math.log1p(-psi)) if N > 2 else 1.0
+        c = quad_w * N * ea
+        acc[4] += c * 0.5 * lam_a * A2 * phi_N1
+        acc[5] += c * A2r * phi_N1
+        acc[6] += c * 0.5 * A3r * phi_N1
+        if N > 1:
+            acc[7] += c * (N - 1) * 0.5 * A2 * A1r * phi_N2
+        # --- Max and MaxPair terms: cumulative sums over t < s_k (θ-nodes beyond k), half weight at k
+        run_F = 0.0
+        run_u = 0.0
+        run_u2 = 0.0
+        run_ur = 0.0
+        M0 = 0.0
+        M2 = 0.0
+        M3 = 0.0
+        M4 = 0.0
+        La = 0.0
+        Lb = 0.0
+        Lc = 0.0
+        Ld = 0.0
+        for k in range(n_theta - 1, -1, -1):
+            wk = w[k]
+            xk = x[k]
+            ek = e[k]
+            phi_s = run_F + 0.5 * wk * ek  # E[e^{−λu} 1{t < s_k}]
+            cu = run_u + 0.5 * wk * xk * ek  # λΦ_{u,s}
+            cu2 = run_u2 + 0.5 * wk * xk * xk * ek  # λ²Φ_{u²,s}
+            cur = run_ur + 0.5 * wk * r[k] * xk * ek  # λΦ_{ur,s}
+            run_F += wk * ek
+            run_u += wk * xk * ek
+            run_u2 += wk * xk * xk * ek
+            run_ur += wk * r[k] * xk * ek
+            if wk == 0.0 or (N > 1 and phi_s <= phi_floor):
+                continue
+            p3 = _ipow(phi_s, N - 3) if N > 2 else 0.0
+            p2 = p3 * phi_s if N > 2 else (1.0 if N == 2 else 0.0)
+            p1 = p2 * phi_s if N > 1 else 1.0
+            g = wk * ek
+            M0 += g * xk * p1
+            M2 += g * xk * xk * r[k] * p1
+            M3 += g * xk * r[k] * p1
+            M4 += g * xk * cur * p2
+            La += g * p1
+            Lb += g * cu * p2
+            Lc += g * cu2 * p2
+            Ld += g * cu * cu * p3
+        acc[0] += c * lam_a * M0
+        acc[1] += c * M2
+        acc[2] += c * M3
+        acc[3] += c * (N - 1) * M4
+        acc[8] += 0.5 * c * (lam_a * lam_a * La + (N - 1) * (2.0 * lam_a * Lb + 2.0 * Lc + (N - 2) * Ld))
+    loss = acc[8]
+    d_xi2 = -acc[0] + acc[4]
+    d_xi1 = acc[1] + acc[3] + acc[5] - acc[6] - acc[7] - acc[2]
     return loss, d_xi1, d_xi2
 
 
@@ -263,30 +292,280 @@ def theta_nodes(xi1: float, resolution: "Resolution") -> int:
     return n_fine
 
 
+# Gauss–Legendre nodes and weights on [−1, 1] (3 points) for the node weights of the v grid.
+_GL3_X = math.sqrt(0.6)
+_GL3_W0 = 5.0 / 9.0
+_GL3_W1 = 8.0 / 9.0
+# The v-grid kernel treats λu > X_HIGH as e^{−λu} = 0 and a node more than V_BELOW past the row's λ (λu < e^{−28}
+# relative to the row's largest) as e^{−λu} = 1: both errors are below 1e-12 relative (docs/one_nn.md §6).
+V_BELOW = 28.0
+
+
 @njit(cache=True)
-def _adaptive_quadrature(xi1, xi2, d, log_B, N, theta_min, theta_per_xi1, dw):
-    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on the grid :class:`Resolution` prescribes at (ξ₁, ξ₂): Richardson extrapolation
-    fine + (fine − coarse)/3 over a θ grid of n nodes and its (n + 1)/2-node subgrid, on one λ grid of spacing dw.
-    A grid past MAX_THETA_NODES gives NaN (the dynamics then stop with a DivergenceError naming the step)."""
+def _v_weights(d, log_B, K, h_t, stride):
+    """Weights of the nodes t_k = 1 − (K − k)·h_t, k = 0, stride, …, K (ascending t; t_0 >= −1): the integral of
+    the density p_d against each node's hat function (linear in t), by 3-point Gauss–Legendre in θ = arccos t on every
+    cell (no endpoint singularity in θ, docs/one_nn.md §1). Returns (W, far), far = P(t < t_0); when the grid reaches
+    t = −1 the weights are normalised to sum to 1 (the discrete law is exactly a probability)."""
+    n = K // stride + 1
+    s = np.empty(n)  # 1 − t
+    theta = np.empty(n)
+    for j in range(n):
+        s[j] = min((K - j * stride) * h_t, 2.0)
+        theta[j] = 2.0 * math.asin(math.sqrt(0.5 * s[j]))
+    W = np.zeros(n)
+    total = 0.0
+    for j in range(n - 1):
+        half = 0.5 * (theta[j] - theta[j + 1])
+        mid = 0.5 * (theta[j] + theta[j + 1])
+        for g in range(3):
+            th = mid + half * (_GL3_X if g == 2 else (-_GL3_X if g == 0 else 0.0))
+            sn = math.sin(th)
+            if d == 2:
+                density = math.exp(-log_B)
+            else:
+                density = math.exp((d - 2) * math.log(sn) - log_B) if sn > 0.0 else 0.0
+            weight = (_GL3_W1 if g == 1 else _GL3_W0) * half * density
+            sh = math.sin(0.5 * th)
+            frac = (s[j] - 2.0 * sh * sh) / (s[j] - s[j + 1])  # 0 at t_j, 1 at t_{j+1}
+            W[j] += weight * (1.0 - frac)
+            W[j + 1] += weight * frac
+            total += weight
+    if s[0] >= 2.0:
+        for j in range(n):
+            W[j] /= total
+        return W, 0.0
+    return W, max(0.0, 1.0 - total)
+
+
+@njit(cache=True)
+def _v_row(N, D, E, T1, T2, T3, base, step, k0, k1, W, r, below, above, phi_floor, with_loss, out):
+    """One λ-row of the v-grid quadrature on the nodes k0..k1 (weights W, r = t − 1; table entries base + k·step):
+    the Sum transforms and the Max sums of docs/one_nn.md §6 as plain products. ``below``/``above``: the mass of the
+    nodes past the window (e^{−λu} = 1 / 0 there). out = (psi, λ²Φ_{u²}, λ²Φ_{u²r}, λ³Φ_{u³r}, λΦ_{ur}, M0, M2, M3,
+    M4, La, Lb, Lc, Ld)."""
+    psi = above
+    A2 = 0.0
+    A2r = 0.0
+    A3r = 0.0
+    run_F = below
+    run_u = 0.0
+    run_u2 = 0.0
+    run_ur = 0.0
+    M0 = 0.0
+    M2 = 0.0
+    M3 = 0.0
+    M4 = 0.0
+    La = 0.0
+    Lb = 0.0
+    Lc = 0.0
+    Ld = 0.0
+    for k in range(k0, k1 + 1):
+        q = base + k * step
+        wk = W[k]
+        rk = r[k]
+        ek = E[q]
+        t1 = T1[q]  # λu e^{−λu}
+        t2 = T2[q]  # (λu)² e^{−λu}
+        we = wk * ek
+        wt1 = wk * t1
+        wt2 = wk * t2
+        psi += wk * D[q]
+        A2 += wt2
+        A2r += rk * wt2
+        A3r += rk * wk * T3[q]
+        phi_s = run_F + 0.5 * we  # E[e^{−λu} 1{t < s_k}], half weight at the node
+        cu = run_u + 0.5 * wt1  # λΦ_{u,s}
+        cu2 = run_u2 + 0.5 * wt2  # λ²Φ_{u²,s}
+        cur = run_ur + 0.5 * rk * wt1  # λΦ_{ur,s}
+        run_F += we
+        run_u += wt1
+        run_u2 += wt2
+        run_ur += rk * wt1
+        if N > 1 and phi_s <= phi_floor:
+            continue
+        p3 = _ipow(phi_s, N - 3) if N > 2 else 0.0
+        p2 = p3 * phi_s if N > 2 else (1.0 if N == 2 else 0.0)
+        p1 = p2 * phi_s if N > 1 else 1.0
+        M0 += wt1 * p1
+        M2 += rk * wt2 * p1
+        M3 += rk * wt1 * p1
+        M4 += wt1 * cur * p2
+        if not with_loss:
+            continue
+        La += we * p1
+        Lb += we * cu * p2
+        Lc += we * cu2 * p2
+        Ld += we * cu * cu * p3
+    out[0] = psi
+    out[1] = A2
+    out[2] = A2r
+    out[3] = A3r
+    out[4] = run_ur
+    out[5] = M0
+    out[6] = M2
+    out[7] = M3
+    out[8] = M4
+    out[9] = La
+    out[10] = Lb
+    out[11] = Lc
+    out[12] = Ld
+
+
+@njit(cache=True)
+def _v_table(x, D, E, T1, T2, T3, q):
+    """1 − e^{−x}, e^{−x}, x e^{−x}, x² e^{−x}, x³ e^{−x} at x = λu into entry q (e^{−x} = 0 past X_HIGH)."""
+    if x > X_HIGH:
+        D[q] = 1.0
+        E[q] = 0.0
+        T1[q] = 0.0
+        T2[q] = 0.0
+        T3[q] = 0.0
+    else:
+        e = math.exp(-x)
+        D[q] = -math.expm1(-x)
+        E[q] = e
+        T1[q] = x * e
+        T2[q] = x * x * e
+        T3[q] = x * x * x * e
+
+
+@njit(cache=True)
+def _v_quadrature(xi1, xi2, d, log_B, N, n_min, h_target, dw_target, with_loss):
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on a grid uniform in v = ξ₁(1 − t) of spacing h and on its every-other-node subgrid
+    (fine then coarse: six numbers), for the Richardson extrapolation of :func:`_adaptive_quadrature`
+    (docs/one_nn.md §6, "The dynamics' quadrature").
+
+    λu_k = e^{w − v_k}: with w on a grid of spacing m·h (m odd) aligned with the v nodes, λu takes only the values
+    e^{w_lo − Kh + qh}, so e^{−λu} and its companions are read from one table instead of computed per cell. Each
+    λ-row visits only the nodes where e^{−λu} is neither 0 nor 1 to double precision (a window of ~50 in v). Small
+    ξ₁, where the v range is shorter than n_min·h, uses n_min nodes uniform in t and computes e^{−λu} per cell.
+    """
+    a = math.exp(-xi2) if np.isfinite(xi2) else 0.0
+    w_lo, w_hi = _lambda_range(xi1, xi2, N)
+    v_max = min(2.0 * xi1, max(w_hi, 0.0) + V_BELOW)  # beyond: e^{−λu} = 1 at every λ of the grid
+    K = max(n_min, int(math.ceil(v_max / h_target)))
+    K += K % 2
+    s_max = v_max / xi1 if xi1 > 0.0 else 2.0  # the grid's range in 1 − t
+    h_t = s_max / K
+    h = xi1 * h_t
+    W, far = _v_weights(d, log_B, K, h_t, 1)
+    Wc, far_c = _v_weights(d, log_B, K, h_t, 2)
+    n = K + 1
+    nc = K // 2 + 1
+    r = np.empty(n)
+    for k in range(n):
+        r[k] = -min((K - k) * h_t, 2.0)
+    rc = r[::2].copy()
+    mass = np.empty(n + 1)  # far + Σ_{j<k} W_j
+    mass[0] = far
+    for k in range(n):
+        mass[k + 1] = mass[k] + W[k]
+    mass_c = np.empty(nc + 1)
+    mass_c[0] = far_c
+    for k in range(nc):
+        mass_c[k + 1] = mass_c[k] + Wc[k]
+    aligned = False
+    m = 1
+    n_w = 2
+    dw = dw_target
+    if h > 0.0:
+        m = max(1, int(round(dw_target / h)))
+        m += 1 - m % 2  # odd: the coarse nodes (spacing 2h) then alternate between two phases along w
+        dw = m * h
+        n_w = max(17, int(math.ceil((w_hi - w_lo) / dw)) + 1)
+        aligned = m * (n_w - 1) + n <= n_w * n
+    if not aligned:
+        n_w = max(17, int(math.ceil((w_hi - w_lo) / dw_target)) + 1)
+        dw = (w_hi - w_lo) / (n_w - 1)
+    size = m * (n_w - 1) + n if aligned else n
+    D = np.empty(size)
+    E = np.empty(size)
+    T1 = np.empty(size)
+    T2 = np.empty(size)
+    T3 = np.empty(size)
+    if aligned:
+        for q in range(size):
+            _v_table(math.exp(w_lo - K * h + q * h), D, E, T1, T2, T3, q)
+    log_u = np.empty(n)
+    for k in range(n):
+        log_u[k] = -(K - k) * h
+    phi_floor = math.exp(-700.0 / max(N - 1, 1))
+    acc = np.zeros(18)
+    out = np.empty(13)
+    for i in range(n_w):
+        wi = w_lo + i * dw
+        lam_a = math.exp(wi - xi2) if a > 0.0 else 0.0
+        c = dw * (0.5 if i == 0 or i == n_w - 1 else 1.0) * N * math.exp(-lam_a)
+        if h > 0.0:
+            k0 = max(0, int(math.ceil(K - (max(wi, 0.0) + V_BELOW) / h)))
+            k1 = min(K, int(math.floor(K - (wi - math.log(X_HIGH)) / h)))
+        else:
+            k0 = 0
+            k1 = K
+        base = m * i if aligned else 0
+        if not aligned:
+            for k in range(k0, k1 + 1):
+                _v_table(math.exp(wi + log_u[k]), D, E, T1, T2, T3, k)
+        for grid in range(2):
+            if grid == 0:
+                lo, hi, stride, w, rr, mm, top = k0, k1, 1, W, r, mass, n
+            else:
+                lo, hi, stride, w, rr, mm, top = (k0 + 1) // 2, k1 // 2, 2, Wc, rc, mass_c, nc
+            if hi < lo:
+                out[:] = 0.0
+                out[0] = mm[top] - mm[max(hi + 1, 0)]
+            else:
+                _v_row(N, D, E, T1, T2, T3, base, stride, lo, hi, w, rr, mm[lo], mm[top] - mm[hi + 1], phi_floor,
+                       with_loss, out)
+            psi = out[0]
+            log_phi = math.log1p(-psi) if psi < 1.0 else -np.inf
+            phi_N1 = math.exp((N - 1) * log_phi) if N > 1 else 1.0
+            phi_N2 = math.exp((N - 2) * log_phi) if N > 2 else 1.0
+            j = 9 * grid
+            acc[j] += c * lam_a * out[5]  # a·Max[u;2]
+            acc[j + 1] += c * out[6]  # Max[u²r;2]
+            acc[j + 2] += c * out[7]  # Max[ur;1]
+            acc[j + 3] += c * (N - 1) * out[8]  # MaxPair[u, ur;2]
+            acc[j + 4] += c * 0.5 * lam_a * out[1] * phi_N1  # a·Sum[u²;3]
+            acc[j + 5] += c * out[2] * phi_N1  # Sum[u²r;2]
+            acc[j + 6] += c * 0.5 * out[3] * phi_N1  # Sum[u³r;3]
+            if N > 1:
+                acc[j + 7] += c * (N - 1) * 0.5 * out[1] * out[4] * phi_N2  # Pair[u², ur;3]
+            # nodes below the window (e^{−λu} = 1) as the nearest neighbour: Σ W (C + W/2)^{N−1} = C^N/N, C their mass
+            La = out[9] + _ipow(mm[min(lo, top)], N) / N
+            acc[j + 8] += 0.5 * c * (lam_a * lam_a * La + (N - 1) * (2.0 * lam_a * out[10] + 2.0 * out[11]
+                                                                       + (N - 2) * out[12]))
+    result = np.empty(6)
+    for grid in range(2):
+        j = 9 * grid
+        result[3 * grid] = acc[j + 8]
+        result[3 * grid + 1] = acc[j + 1] + acc[j + 3] + acc[j + 5] - acc[j + 6] - acc[j + 7] - acc[j + 2]
+        result[3 * grid + 2] = -acc[j] + acc[j + 4]
+    return result
+
+
+@njit(cache=True)
+def _adaptive_quadrature(xi1, xi2, d, log_B, N, theta_min, theta_per_xi1, dw, with_loss):
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) as the reduced dynamics evaluate them (:class:`Resolution`): the v-grid quadrature of
+    :func:`_v_quadrature` with spacing h = 2/theta_per_xi1 in v = ξ₁(1 − t) (at least theta_min nodes), λ spacing
+    ≈ dw, Richardson-extrapolated fine + (fine − coarse)/3 against its every-other-node subgrid
+    (docs/one_nn.md §6). A grid past MAX_THETA_NODES gives NaN (the dynamics then stop with a DivergenceError naming
+    the step)."""
     if xi2 < XI2_QUERY_DOMINATES:
         return 0.5, 0.0, 0.0
-    n_fine = max(theta_min, int(math.ceil(theta_per_xi1 * xi1)))
-    if n_fine > MAX_THETA_NODES:
+    if max(theta_min, int(math.ceil(theta_per_xi1 * xi1))) > MAX_THETA_NODES:
         return np.nan, np.nan, np.nan
-    n_fine += 1 - n_fine % 2  # odd, so the coarse grid is every other node
-    w_lo, w_hi = _lambda_range(xi1, math.exp(-xi2) if np.isfinite(xi2) else 0.0, N)
-    n_lam = max(17, int(math.ceil((w_hi - w_lo) / dw)) + 1)
-    fine = _quadrature(xi1, xi2, d, log_B, N, n_fine, n_lam)
-    coarse = _quadrature(xi1, xi2, d, log_B, N, (n_fine + 1) // 2, n_lam)
-    return (fine[0] + (fine[0] - coarse[0]) / 3, fine[1] + (fine[1] - coarse[1]) / 3,
-            fine[2] + (fine[2] - coarse[2]) / 3)
+    h = 2.0 / theta_per_xi1 if theta_per_xi1 > 0.0 else np.inf
+    v = _v_quadrature(xi1, xi2, d, log_B, N, theta_min, h, dw, with_loss)
+    return (v[0] + (v[0] - v[3]) / 3, v[1] + (v[1] - v[4]) / 3, v[2] + (v[2] - v[5]) / 3)
 
 
 @njit(cache=True)
 def _params_gradient(x, params):
     """∇L at x = (ξ₁, ξ₂); ``params`` = (d, log B_d, N, η, theta_min, theta_per_xi1, dw)."""
     _, g1, g2 = _adaptive_quadrature(x[0], x[1], int(params[0]), params[1], int(params[2]), int(params[4]),
-                                     params[5], params[6])
+                                     params[5], params[6], params[4] < 0.0)  # False (theta_min >= 17), not a literal
     return g1, g2
 
 
@@ -381,7 +660,7 @@ def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
     theta_nodes(xi1, resolution)
     _check_overflow(xi1)
     return _adaptive_quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, resolution.theta_min,
-                                resolution.theta_per_xi1, resolution.dw)
+                                resolution.theta_per_xi1, resolution.dw, True)
 
 
 def reduced_loss(problem: OneNNProblem, xi1: float, xi2: float, *, rtol: float = 1e-4,
