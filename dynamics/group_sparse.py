@@ -38,32 +38,49 @@ def sample_data(problem: GroupSparseProblem, n: int, rng: np.random.Generator, *
 
 
 @njit(cache=True)
-def _tokens_and_attention(x, W, d, D):
-    """H = [h_1 … h_D] with h_j = [x_j; e_j] and S (key k, query j) = softmax_k(h_kᵀWh_j) for one sample."""
-    H = np.zeros((d + D, D))
-    H[:d, :] = x
+def _attention_scores(x, W, S):
+    """S (key k, query j) = softmax_k(h_kᵀWh_j) for one sample x (d, D), with h_j = [x_j; e_j], into ``S``.
+
+    Loops over the token structure (Wh_j = W[:, :d]x_j + W[:, d + j]) instead of matrix products: the sizes are
+    small, and loops compile in a fraction of the time of numba's matmul variants."""
+    d, D = x.shape
+    Wh = np.empty(d + D)
     for j in range(D):
-        H[d + j, j] = 1.0
-    logits = H.T @ (W @ H)  # logits[k, j] = h_kᵀ W h_j
-    S = np.empty((D, D))
-    for j in range(D):
-        top = logits[:, j].max()
+        for p in range(d + D):
+            acc = W[p, d + j]
+            for q in range(d):
+                acc += W[p, q] * x[q, j]
+            Wh[p] = acc
+        top = -np.inf
+        for k in range(D):
+            z = Wh[d + k]
+            for p in range(d):
+                z += x[p, k] * Wh[p]
+            S[k, j] = z
+            top = max(top, z)
         total = 0.0
         for k in range(D):
-            S[k, j] = math.exp(logits[k, j] - top)
+            S[k, j] = math.exp(S[k, j] - top)
             total += S[k, j]
         for k in range(D):
             S[k, j] /= total
-    return H, S
 
 
 @njit(cache=True)
-def _sample_terms(x, y, v, W, d, D, position_only):
-    """Per-sample loss, ∇_v l (d+D) and ∇_W l ((d+D)², or only the W₂₂ block's entries when position_only)."""
-    n_tok = d + D
-    H, S = _tokens_and_attention(x, W, d, D)
-    u = v @ H
-    c = S.sum(axis=1)
+def _accumulate_sample(x, y, v, W, position_only, S, grad_v, grad_W):
+    """Adds ∇_v l and ∇_W l of one sample to ``grad_v``, ``grad_W`` (only the W₂₂ block when ``position_only``)
+    and returns its loss (docs/group_sparse.md §5); ``S`` is scratch (D, D)."""
+    d, D = x.shape
+    _attention_scores(x, W, S)
+    u = np.empty(D)  # u_k = vᵀh_k
+    c = np.zeros(D)  # c_k = Σ_j S_kj
+    for k in range(D):
+        acc = v[d + k]
+        for p in range(d):
+            acc += v[p] * x[p, k]
+        u[k] = acc
+        for j in range(D):
+            c[k] += S[k, j]
     f = 0.0
     for k in range(D):
         f += c[k] * u[k]
@@ -74,57 +91,86 @@ def _sample_terms(x, y, v, W, d, D, position_only):
         q = -y * math.exp(-margin)
     else:
         q = -y / (1.0 + math.exp(margin)) if margin > -700 else -y
-    grad_v = q * (H @ c)
-    u_bar = u @ S  # ū_j = Σ_m S_mj u_m
-    A = np.empty((D, D))
-    for k in range(D):
+    for k in range(D):  # ∇_v l = q Σ_k c_k h_k
+        grad_v[d + k] += q * c[k]
+        for p in range(d):
+            grad_v[p] += q * c[k] * x[p, k]
+    A = np.empty((D, D))  # A_kj = q S_kj (u_k − ū_j), ū_j = Σ_m S_mj u_m
+    for j in range(D):
+        u_bar = 0.0
+        for m in range(D):
+            u_bar += S[m, j] * u[m]
+        for k in range(D):
+            A[k, j] = q * S[k, j] * (u[k] - u_bar)
+    for k in range(D):  # ∇_W l = Σ_kj A_kj h_k h_jᵀ: the W₂₂ block is A itself (h_k's position part is e_k)
         for j in range(D):
-            A[k, j] = q * S[k, j] * (u[k] - u_bar[j])
-    if position_only:
-        grad_W = np.zeros((n_tok, n_tok))
-        grad_W[d:, d:] = A  # h_k h_jᵀ restricted to the position block is e_k e_jᵀ
-    else:
-        grad_W = H @ A @ H.T
-    return loss, grad_v, grad_W
+            grad_W[d + k, d + j] += A[k, j]
+    if not position_only:
+        xA = np.zeros((d, D))  # x A: the W₁₂ block, and x A xᵀ the W₁₁ block
+        for p in range(d):
+            for j in range(D):
+                acc = 0.0
+                for k in range(D):
+                    acc += x[p, k] * A[k, j]
+                xA[p, j] = acc
+                grad_W[p, d + j] += acc
+        for k in range(D):  # A xᵀ: the W₂₁ block
+            for p in range(d):
+                acc = 0.0
+                for j in range(D):
+                    acc += A[k, j] * x[p, j]
+                grad_W[d + k, p] += acc
+        for p in range(d):
+            for r in range(d):
+                acc = 0.0
+                for j in range(D):
+                    acc += xA[p, j] * x[r, j]
+                grad_W[p, r] += acc
+    return loss
 
 
 @njit(cache=True)
 def _batch_terms(X, y, v, W, position_only):
+    """Mean loss, ∇_v and ∇_W over the samples."""
     n, d, D = X.shape
     loss = 0.0
     grad_v = np.zeros(d + D)
     grad_W = np.zeros((d + D, d + D))
+    S = np.empty((D, D))
     for i in range(n):
-        l, gv, gW = _sample_terms(np.ascontiguousarray(X[i]), y[i], v, W, d, D, position_only)
-        loss += l
-        grad_v += gv
-        grad_W += gW
+        loss += _accumulate_sample(X[i], y[i], v, W, position_only, S, grad_v, grad_W)
     return loss / n, grad_v / n, grad_W / n
 
 
+def _writable(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous writable copy: every kernel then sees one array type (numba compiles read-only arrays, which
+    ``check.finite_array`` returns, as a separate signature)."""
+    return np.array(array, dtype=np.float64, order="C")
+
+
 def _check_samples(X, y=None, groups: tuple | None = None):
-    """X (n, d, D) finite, optionally of the given (d, D), and labels y ∈ {±1}ⁿ: contiguous copies."""
-    X = np.ascontiguousarray(check.finite_array(X, "X", ndim=3))
+    """X (n, d, D) finite, optionally of the given (d, D), and labels y ∈ {±1}ⁿ: contiguous writable copies."""
+    X = _writable(check.finite_array(X, "X", ndim=3))
     if groups is not None and X.shape[1:] != tuple(groups):
         raise ValueError(f"X must have shape (n, {groups[0]}, {groups[1]}), got {X.shape}")
     if y is None:
         return X
-    y = np.ascontiguousarray(check.finite_array(y, "y", shape=(X.shape[0],)))
+    y = _writable(check.finite_array(y, "y", shape=(X.shape[0],)))
     if not np.all(np.abs(y) == 1):
         raise ValueError("y must hold labels ±1")
     return X, y
 
 
 def _check_weights(v, W, n_tokens: int):
-    return (np.ascontiguousarray(check.finite_array(v, "v", shape=(n_tokens,))),
-            np.ascontiguousarray(check.finite_array(W, "W", shape=(n_tokens, n_tokens))))
+    return (_writable(check.finite_array(v, "v", shape=(n_tokens,))),
+            _writable(check.finite_array(W, "W", shape=(n_tokens, n_tokens))))
 
 
 def loss_and_gradient(problem: GroupSparseProblem, X, y, v, W, *, position_only: bool = False):
     """Mean loss and gradient (∇_v, ∇_W) of the raw model over the samples (X, y)."""
     v, W = _check_weights(v, W, problem.d + problem.D)
     X, y = _check_samples(X, y, (problem.d, problem.D))
-    return _batch_terms(X, y, v.copy(), W.copy(), position_only)
+    return _batch_terms(X, y, v, W, bool(position_only))
 
 
 @njit(cache=True)
@@ -132,15 +178,17 @@ def _mean_attention(X, W):
     """Mean over samples of the attention matrix S (key k, query j)."""
     n, d, D = X.shape
     mean = np.zeros((D, D))
+    S = np.empty((D, D))
     for i in range(n):
-        mean += _tokens_and_attention(np.ascontiguousarray(X[i]), W, d, D)[1]
+        _attention_scores(X[i], W, S)
+        mean += S
     return mean / n
 
 
 def attention_matrix(problem: GroupSparseProblem, X, W) -> np.ndarray:
     """The attention map S (rows: keys, columns: queries) averaged over the samples X (the paper's heat-map)."""
-    W = check.finite_array(W, "W", shape=(problem.d + problem.D,) * 2)
-    return _mean_attention(_check_samples(X, groups=(problem.d, problem.D)), np.ascontiguousarray(W))
+    W = _writable(check.finite_array(W, "W", shape=(problem.d + problem.D,) * 2))
+    return _mean_attention(_check_samples(X, groups=(problem.d, problem.D)), W)
 
 
 def attention_on_star(problem: GroupSparseProblem, X, W) -> float:
@@ -175,7 +223,7 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
     for t in range(steps + 1):
         if fresh:
             X, y = sample_data(problem, batch_size, rng, symmetrise=symmetrise)
-        loss, grad_v, grad_W = _batch_terms(X, y, v, W, position_only)
+        loss, grad_v, grad_W = _batch_terms(X, y, v, W, bool(position_only))
         if t in record:
             coords = cf.symmetric_coordinates(problem, v, W)
             norm = float(np.linalg.norm(v[:d]))
@@ -209,7 +257,7 @@ def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int
     sol = iterate_map(cf.position_only_step, [0.0, 0.0], steps, cf.pack_position_only_params(problem, eta),
                       record_steps=record, loop=_position_only_loop)
     beta, alpha = sol.y[:, 0], sol.y[:, 1]
-    loss = np.array([cf.position_only_terms(problem, b, a)[0] for b, a in zip(beta, alpha)])
+    loss = cf.position_only_loss(problem, beta, alpha)
     s_star = np.array([cf.attention_weights(a, problem.D)[0] for a in alpha])
     return Trajectory(times=sol.t, states=dict(beta=beta, alpha=alpha), metrics=dict(loss=loss, s_star=s_star),
                       info=dict(eta=eta))
@@ -220,14 +268,15 @@ def _position_only_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_st
     return dopri5_loop(cf.position_only_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
-def position_only_flow(problem: GroupSparseProblem, times, *, rtol: float = 1e-8) -> Trajectory:
-    """The gradient flow of the (β, α) sub-model from (0, 0) in τ = η·steps (adaptive Dormand–Prince); at late
-    times its steps grow with τ, so τ = 10⁶ costs ~10³ evaluations where the map needs 10⁶."""
-    times = check.finite_array(times, "times", ndim=1)
+def position_only_flow(problem: GroupSparseProblem, times, *, rtol: float = 1e-8, atol: float = 1e-12) -> Trajectory:
+    """The gradient flow of the (β, α) sub-model from (0, 0) in τ = η·steps (adaptive Dormand–Prince,
+    docs/group_sparse.md §6); at late times its steps grow with τ, so τ = 10⁶ costs ~10³ evaluations where the map
+    needs 10⁶. Records β, α and the loss at ``times``."""
+    times = np.array(check.finite_array(times, "times", ndim=1))  # writable: one array type for the compiled loop
     sol = solve_dopri5(cf.position_only_flow_rhs, [0.0, 0.0], times, cf.pack_position_only_params(problem, 1.0),
-                       t0=0.0, rtol=rtol, atol=1e-12, loop=_position_only_dopri5)
+                       t0=0.0, rtol=rtol, atol=atol, loop=_position_only_dopri5)
     beta, alpha = sol.y[:, 0], sol.y[:, 1]
-    loss = np.array([cf.position_only_terms(problem, b, a)[0] for b, a in zip(beta, alpha)])
+    loss = cf.position_only_loss(problem, beta, alpha)
     return Trajectory(times=sol.t, states=dict(beta=beta, alpha=alpha), metrics=dict(loss=loss),
                       info=dict(n_rhs_evals=sol.n_rhs_evals))
 
@@ -259,20 +308,33 @@ def sample_downstream(problem: GroupSparseProblem, u_star, gamma: float, n: int,
 
 @njit(cache=True)
 def _predict(X, v, W):
-    """f = Σ_j vᵀH softmax(HᵀWh_j) for every sample."""
+    """f = Σ_j vᵀH softmax(HᵀWh_j) = Σ_k c_k u_k for every sample."""
     n, d, D = X.shape
     f = np.empty(n)
+    S = np.empty((D, D))
     for i in range(n):
-        H, S = _tokens_and_attention(np.ascontiguousarray(X[i]), W, d, D)
-        f[i] = (v @ H) @ S.sum(axis=1)
+        _attention_scores(X[i], W, S)
+        total = 0.0
+        for k in range(D):
+            u = v[d + k]
+            for p in range(d):
+                u += v[p] * X[i, p, k]
+            for j in range(D):
+                total += S[k, j] * u
+        f[i] = total
     return f
 
 
 @njit(cache=True)
 def _online_sgd(X, y, v, W, eta, train_W):
     n, d, D = X.shape
+    S = np.empty((D, D))
+    grad_v = np.empty(d + D)
+    grad_W = np.empty((d + D, d + D))
     for i in range(n):
-        _, grad_v, grad_W = _sample_terms(np.ascontiguousarray(X[i]), y[i], v, W, d, D, False)
+        grad_v[:] = 0.0
+        grad_W[:] = 0.0
+        _accumulate_sample(X[i], y[i], v, W, not train_W, S, grad_v, grad_W)  # W₂₂ block only when W stays
         v -= eta * grad_v
         if train_W:
             W -= eta * grad_W
@@ -290,7 +352,7 @@ def fine_tune(problem: GroupSparseProblem, W_pretrained, X, y, eta: float = 1.0,
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     W = check.finite_array(W_pretrained, "W_pretrained", shape=(problem.d + problem.D,) * 2).copy()
     X, y = _check_samples(X, y, (problem.d, problem.D))
-    v, W = _online_sgd(X, y, np.zeros(problem.d + problem.D), W, eta, train_W)
+    v, W = _online_sgd(X, y, np.zeros(problem.d + problem.D), W, eta, bool(train_W))
     if not (np.all(np.isfinite(v)) and np.all(np.isfinite(W))):
         raise DivergenceError("fine-tuning diverged: non-finite weights after online SGD")
     return v, W
