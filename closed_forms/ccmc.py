@@ -33,7 +33,7 @@ __all__ = ["CCMCProblem", "QUERY_VARIANTS", "GOLDEN_P", "CYCLE_P", "STOCHASTIC_T
            "positional_law", "nll_theta", "nll_gradient_theta", "all_prompts", "fisher_information", "fisher_rank",
            "predicted_fisher_rank", "jacobians", "asymptotic_constants", "uniform_chain_constant",
            "polya_share_moments", "fitness_exponents", "diagonal_loser_exponents", "stationary_law_of_q",
-           "invasion_rates", "fluid_rhs", "pack_fluid_params", "equilibrium_on_support", "is_transversally_stable",
+           "invasion_rates", "fluid_rhs", "fluid_rhs_into", "pack_fluid_params", "equilibrium_on_support", "is_transversally_stable",
            "diagonal_dominant_chain", "rank_one_chain"]
 
 QUERY_VARIANTS = ("self", "exclude")
@@ -516,13 +516,66 @@ def pack_fluid_params(P) -> np.ndarray:
 
 
 @njit(cache=True)
-def fluid_rhs(tau, f, params):
-    """df/dτ = π(f) − f, τ = log t (§6.5, eq. 6.4); ``params`` from :func:`pack_fluid_params`."""
+def fluid_rhs_into(tau, f, params, out):
+    """df/dτ = π(f) − f, τ = log t (§6.5, eq. 6.4), written into ``out`` (the integrator's calling convention);
+    ``params`` from :func:`pack_fluid_params`. π(f) as in :func:`stationary_law_of_q` (f clipped at 0 and
+    renormalised), solved by Gaussian elimination with partial pivoting on a K × (K + 1) work array."""
     K = int(params[0])
-    P = params[1:].reshape((K, K))
-    g = np.maximum(f, 0.0)
-    g = g / g.sum()
-    return _stationary_law_of_q(g, P) - f
+    P = params[1:1 + K * K].reshape((K, K))
+    work = np.empty((K, K + 2))  # [A | b | g]
+    g = work[:, K + 1]
+    total = 0.0
+    for k in range(K):
+        g[k] = max(f[k], 0.0)
+        total += g[k]
+    for k in range(K):
+        g[k] /= total
+    # A[k, a] = g_k P[a, k] / Z_a − δ_ak on the support, identity rows off it; row `first` is the normalisation
+    for a in range(K):
+        Z = 0.0
+        for k in range(K):
+            Z += P[a, k] * g[k]
+        for k in range(K):
+            work[k, a] = g[k] * P[a, k] / Z - (1.0 if a == k else 0.0)
+    for k in range(K):
+        work[k, K] = 0.0
+        if g[k] <= 0:
+            for a in range(K):
+                work[k, a] = 0.0
+            work[k, k] = 1.0
+    first = 0
+    while g[first] <= 0:
+        first += 1
+    for a in range(K):
+        work[first, a] = 1.0 if g[a] > 0 else 0.0
+    work[first, K] = 1.0
+    for col in range(K):  # forward elimination with partial pivoting
+        pivot = col
+        for r in range(col + 1, K):
+            if abs(work[r, col]) > abs(work[pivot, col]):
+                pivot = r
+        if pivot != col:
+            for c in range(col, K + 1):
+                work[col, c], work[pivot, c] = work[pivot, c], work[col, c]
+        for r in range(col + 1, K):
+            factor = work[r, col] / work[col, col]
+            for c in range(col, K + 1):
+                work[r, c] -= factor * work[col, c]
+    for r in range(K - 1, -1, -1):  # back substitution: π into out, then π − f
+        acc = work[r, K]
+        for c in range(r + 1, K):
+            acc -= work[r, c] * out[c]
+        out[r] = acc / work[r, r]
+    for k in range(K):
+        out[k] -= f[k]
+
+
+@njit(cache=True)
+def fluid_rhs(tau, f, params):
+    """df/dτ = π(f) − f, τ = log t (§6.5, eq. 6.4) as a new vector: :func:`fluid_rhs_into`."""
+    out = np.empty(f.size)
+    fluid_rhs_into(tau, f, params, out)
+    return out
 
 
 def equilibrium_on_support(P, support) -> np.ndarray:

@@ -49,6 +49,7 @@ __all__ = [
     "beta_curvature",
     "risk_gradient",
     "gradient_flow_rhs",
+    "gradient_flow_rhs_into",
     "pack_flow_params",
     "flow_state",
     "unpack_flow_state",
@@ -652,25 +653,108 @@ def _flow_field(beta0, Gamma, H, HPsiH, tr_HPsi, beta_star, sigma2, N):
 
 
 @njit(cache=True)
-def gradient_flow_rhs(t, y, params):
-    """Right-hand side of the gradient flow (6.1)/(G.2) for the integrator engine.
+def gradient_flow_rhs_into(t, y, params, out):
+    """Right-hand side of the gradient flow (6.1)/(G.2), written into ``out`` (the integrator's calling convention).
 
-    y = (β₀, vec Γ) of size d + d² (Γ row-major); ``params`` from :func:`pack_flow_params`.
+    y = (β₀, vec Γ) of size d + d² (Γ row-major); ``params`` from :func:`pack_flow_params`. The algebra of
+    :func:`_flow_field` (docs/gd_beta.md §9, boxed) on views of ``y``, ``params`` and ``out`` (no copies), arranged
+    for three d × d products and six matrix–vector products, with one work allocation per call:
+    HΓ, (HΓ)H (which gives tr(ΓᵀHΓH) = Σ Γ ∘ HΓH) and (HΓ)(HΨH) written straight into ``out``'s Γ block, then
+    Γ̇ = 2HSH − 2[(N+1)/N (HΓ)HSH + (tr(HS) + σ²)/N HΓH] with HSH = HΨH + (He)(He)ᵀ, (HΓ)(He)(He)ᵀ rank one;
+    β̇₀ = −2B(Γ)e = −2[HMe + H Γᵀ((HΓHe)/N − HMe) + tr(ΓᵀHΓH)/N He], Me = e − ΓHe.
     """
     d = int(params[0])
     N = params[1]
     sigma2 = params[2]
     tr_HPsi = params[3]
-    offset = 4
-    H = params[offset:offset + d * d].copy().reshape((d, d))
-    HPsiH = params[offset + d * d:offset + 2 * d * d].copy().reshape((d, d))
-    beta_star = params[offset + 2 * d * d:offset + 2 * d * d + d].copy()
-    beta0 = y[:d].copy()
-    Gamma = y[d:].copy().reshape((d, d))
-    dbeta, dGamma = _flow_field(beta0, Gamma, H, HPsiH, tr_HPsi, beta_star, sigma2, N)
-    out = np.empty(d + d * d)
-    out[:d] = dbeta
-    out[d:] = dGamma.ravel()
+    size = d * d
+    H = params[4:4 + size].reshape((d, d))
+    HPsiH = params[4 + size:4 + 2 * size].reshape((d, d))
+    beta_star = params[4 + 2 * size:4 + 2 * size + d]
+    Gamma = y[d:].reshape((d, d))
+    dGamma = out[d:].reshape((d, d))
+    work = np.empty(2 * size + 6 * d)  # HΓ, HΓH and six d-vectors
+    HG = work[:size].reshape((d, d))
+    HGH = work[size:2 * size].reshape((d, d))
+    vectors = work[2 * size:].reshape((6, d))
+    e, He, v, Me, w, Gtw = vectors[0], vectors[1], vectors[2], vectors[3], vectors[4], vectors[5]
+    for i in range(d):
+        e[i] = y[i] - beta_star[i]
+    _matvec(H, e, He)
+    tr_HS = tr_HPsi
+    for i in range(d):
+        tr_HS += e[i] * He[i]
+    _matmul(H, Gamma, HG)
+    _matmul(HG, H, HGH)
+    _matmul(HG, HPsiH, dGamma)
+    tr_GtHGH = 0.0
+    for i in range(d):
+        for j in range(d):
+            tr_GtHGH += Gamma[i, j] * HGH[i, j]
+    _matvec(HG, He, v)                  # HΓHe
+    _matvec(Gamma, He, Me)
+    for i in range(d):
+        Me[i] = e[i] - Me[i]            # (I − ΓH)e
+    a = (N + 1.0) / N
+    b = (tr_HS + sigma2) / N
+    for i in range(d):
+        he_i = He[i]
+        av_i = a * v[i]
+        for j in range(d):
+            dGamma[i, j] = 2.0 * (HPsiH[i, j] + he_i * He[j]) - 2.0 * (a * dGamma[i, j] + av_i * He[j] + b * HGH[i, j])
+    beta_dot = out[:d]
+    _matvec(H, Me, beta_dot)            # HMe, for now
+    for i in range(d):
+        w[i] = v[i] / N - beta_dot[i]
+    for k in range(d):                  # Γᵀw
+        Gtw[k] = 0.0
+    for i in range(d):
+        w_i = w[i]
+        for k in range(d):
+            Gtw[k] += Gamma[i, k] * w_i
+    c = tr_GtHGH / N
+    for i in range(d):
+        acc = 0.0
+        for k in range(d):
+            acc += H[i, k] * Gtw[k]
+        beta_dot[i] = -2.0 * (beta_dot[i] + acc + c * He[i])
+
+
+@njit(cache=True)
+def _matvec(A, x, out):
+    """out = A x for a small dense A (rows contiguous)."""
+    n, m = A.shape
+    for i in range(n):
+        acc = 0.0
+        for k in range(m):
+            acc += A[i, k] * x[k]
+        out[i] = acc
+
+
+@njit(cache=True)
+def _matmul(A, B, out):
+    """out = A B: BLAS from d = 12 on, below it a plain i-k-j loop (a BLAS call costs more than the product there)."""
+    n = A.shape[0]
+    if n >= 12:
+        np.dot(A, B, out)
+        return
+    for i in range(n):
+        for j in range(n):
+            out[i, j] = 0.0
+        for k in range(n):
+            a = A[i, k]
+            for j in range(n):
+                out[i, j] += a * B[k, j]
+
+
+@njit(cache=True)
+def gradient_flow_rhs(t, y, params):
+    """Right-hand side of the gradient flow (6.1)/(G.2) as a new vector: :func:`gradient_flow_rhs_into`.
+
+    y = (β₀, vec Γ) of size d + d² (Γ row-major); ``params`` from :func:`pack_flow_params`.
+    """
+    out = np.empty(y.size)
+    gradient_flow_rhs_into(t, y, params, out)
     return out
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "h3_effective_parameters",
     "pgd_risk_gradient",
     "preconditioner_flow_rhs",
+    "preconditioner_flow_rhs_into",
     "pack_flow_params",
     "golden_setting_a",
     "golden_setting_d",
@@ -557,17 +558,38 @@ def pgd_risk_gradient(problem: H3Problem, W, omega=None) -> np.ndarray:
 
 
 @njit(cache=True)
-def preconditioner_flow_rhs(t, y, params):
-    """Ẇ = −∇R = 2a HΨH − 2HWM (§4.4) on y = vec W (row-major), params = (d, a, vec HΨH, vec H, vec M), for the
-    shared integrator engine."""
+def preconditioner_flow_rhs_into(t, y, params, out):
+    """Ẇ = −∇R = 2a HΨH − 2HWM (§4.4) on y = vec W (row-major), params = (d, a, vec HΨH, vec H, vec M), written into
+    ``out`` (the integrator's calling convention) from views of ``params`` and ``y``, with one d × d work matrix."""
     d = int(params[0])
     a = params[1]
     size = d * d
-    HPsiH = params[2:2 + size].copy().reshape((d, d))
-    H = params[2 + size:2 + 2 * size].copy().reshape((d, d))
-    M = params[2 + 2 * size:2 + 3 * size].copy().reshape((d, d))
-    W = y.copy().reshape((d, d))
-    return (2.0 * a * HPsiH - 2.0 * H @ W @ M).ravel()
+    HPsiH = params[2:2 + size].reshape((d, d))
+    H = params[2 + size:2 + 2 * size].reshape((d, d))
+    M = params[2 + 2 * size:2 + 3 * size].reshape((d, d))
+    W = y.reshape((d, d))
+    dW = out.reshape((d, d))
+    WM = np.zeros((d, d))
+    for i in range(d):
+        for k in range(d):
+            w = W[i, k]
+            for j in range(d):
+                WM[i, j] += w * M[k, j]
+    for i in range(d):
+        for j in range(d):
+            dW[i, j] = 2.0 * a * HPsiH[i, j]
+        for k in range(d):
+            h = 2.0 * H[i, k]
+            for j in range(d):
+                dW[i, j] -= h * WM[k, j]
+
+
+@njit(cache=True)
+def preconditioner_flow_rhs(t, y, params):
+    """Ẇ = −∇R = 2a HΨH − 2HWM (§4.4) as a new vector: :func:`preconditioner_flow_rhs_into`."""
+    out = np.empty(y.size)
+    preconditioner_flow_rhs_into(t, y, params, out)
+    return out
 
 
 def pack_flow_params(problem: H3Problem, omega=None) -> np.ndarray:

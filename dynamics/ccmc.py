@@ -525,8 +525,9 @@ def generate_counts(P, X0, *, seed, runs: int, record_steps=None, level_token: i
 
 @njit(cache=True)
 def fluid_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    """The DOPRI5 loop bound to the fluid limit of §6.5, for ``solve_dopri5(..., loop=fluid_dopri5)``."""
-    return dopri5_loop(cf.fluid_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    """The DOPRI5 loop bound to the fluid limit of §6.5, for compiled callers; :func:`fluid_trajectory` calls
+    ``solve_dopri5(cf.fluid_rhs_into, ...)``, which shares one cached loop among all systems (DESIGN.md)."""
+    return dopri5_loop(cf.fluid_rhs_into, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 def fluid_trajectory(P, f0, taus, *, rtol: float = 1e-9, atol: float = 1e-12):
@@ -535,8 +536,7 @@ def fluid_trajectory(P, f0, taus, *, rtol: float = 1e-9, atol: float = 1e-12):
     f0 = check.finite_array(f0, "f0", shape=(P.shape[0],))
     if np.any(f0 < 0) or abs(f0.sum() - 1) > 1e-8:
         raise ValueError("f0 must be a probability vector")
-    solution = solve_dopri5(cf.fluid_rhs, f0, taus, cf.pack_fluid_params(P), t0=0.0, rtol=rtol, atol=atol,
-                            loop=fluid_dopri5)
+    solution = solve_dopri5(cf.fluid_rhs_into, f0, taus, cf.pack_fluid_params(P), t0=0.0, rtol=rtol, atol=atol)
     return solution.y
 
 

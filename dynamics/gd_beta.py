@@ -102,8 +102,9 @@ FLOW_MAX_STEPS = 1_000_000  # the integrator's step budget for the flow
 
 @njit(cache=True)
 def flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    """The DOPRI5 loop bound to the GD-β flow (6.1), for ``solve_dopri5(..., loop=flow_dopri5)``."""
-    return dopri5_loop(cf.gradient_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    """The DOPRI5 loop bound to the GD-β flow (6.1), for compiled callers; :func:`population_trajectory` calls
+    ``solve_dopri5(cf.gradient_flow_rhs_into, ...)``, which shares one cached loop among all systems (DESIGN.md)."""
+    return dopri5_loop(cf.gradient_flow_rhs_into, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_end: float | None = None,
@@ -135,8 +136,8 @@ def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_e
                          f"(largest curvature {curvature:.3g}); choose t_end <= {3.3 * FLOW_MAX_STEPS / curvature:.3g}")
     n_points = check.integer(n_points, "n_points", minimum=2)
     times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
-    sol = solve_dopri5(cf.gradient_flow_rhs, cf.flow_state(beta0, Gamma), times, cf.pack_flow_params(problem),
-                       rtol=rtol, atol=atol, loop=flow_dopri5, max_steps=FLOW_MAX_STEPS)
+    sol = solve_dopri5(cf.gradient_flow_rhs_into, cf.flow_state(beta0, Gamma), times, cf.pack_flow_params(problem),
+                       rtol=rtol, atol=atol, max_steps=FLOW_MAX_STEPS)
     betas, Gammas = cf.unpack_flow_state(sol.y, d)
     beta_inf, Gamma_inf = cf.flow_limit(problem, beta0, Gamma)
     risk = cf.icl_risk(problem, betas, Gammas)

@@ -9,26 +9,34 @@ One engine, written once, for every reduced ODE and discrete-time map in attnflo
 * :func:`iterate_map` — iteration of a discrete-time map ``x_{k+1} = F(k, x_k)`` (the papers' gradient
   descent has a finite step η, so its reduced dynamics is a map, not an ODE).
 
-Every right-hand side is an ``@njit`` function ``rhs(t, y, params) -> dy/dt`` and every map is an ``@njit``
-function ``step_map(k, x, params) -> x_next``; ``params`` is a flat float64 array into which each system
-packs its parameters. Numba specialises each integrator loop once per right-hand side.
+Every right-hand side is an ``@njit`` function, either ``rhs(t, y, params, out)`` writing dy/dt into ``out`` (no
+allocation per evaluation; the systems' flows use this form, named ``..._into``) or ``rhs(t, y, params) -> dy/dt``;
+every map is an ``@njit`` function ``step_map(k, x, params) -> x_next``. ``params`` is a flat float64 array into which
+each system packs its parameters.
 
-**Caching.** Numba's on-disk cache cannot serve a function that receives another jitted function as an
-argument: the cache key contains the argument's memory address, which changes with every process (seen with
-numba 0.68). So the generic loops :func:`rk4_loop`, :func:`dopri5_loop` and :func:`map_loop` are compiled in
-memory, and a system that wants its integrator cached binds its right-hand side in a small
-``@njit(cache=True)`` function whose arguments are plain arrays and numbers, then passes it as ``loop=``.
-Every function that receives the right-hand side is ``inline='always'``, so after inlining the right-hand
-side is a plain global call and the bound function is cacheable::
+**Caching and compile time.** Numba's on-disk cache cannot serve a function that receives another jitted function
+as an argument: that argument's type holds the function object's address, which changes with every process (numba
+0.68). The adaptive loop therefore takes the right-hand side as a numba *first-class function*, whose type is only
+its signature: ``_dopri5_core`` is compiled once per calling convention (two in all), for every right-hand side
+of attnflow, and cached. :func:`solve_dopri5` looks up the address of the right-hand side's compiled code once
+per process (compiling it, or loading it from its own cache) and passes it to one of two cached entry points as an
+integer, so a new right-hand side costs only its own compilation. For callers inside compiled code,
+:func:`dopri5_loop` remains: binding it to a right-hand side in a small ``@njit(cache=True)`` function also caches
+(the right-hand side is cast to the first-class type without the Python object's address), but every such binding
+links and re-optimises the whole loop, so plain ``solve_dopri5(rhs, ...)`` is cheaper::
 
-    @njit(cache=True)
+    solve_dopri5(flow_rhs_into, y0, t_eval, params)          # preferred: the shared cached loop
+
+    @njit(cache=True)                                         # inside compiled code
     def _flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-        return dopri5_loop(flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+        return dopri5_loop(flow_rhs_into, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
-    solve_dopri5(flow_rhs, y0, t_eval, params, loop=_flow_dopri5)
+The fixed-step :func:`rk4_loop` and :func:`map_loop` are still ``inline='always'`` generic loops bound the same
+way (``loop=``): they are small, and inlining lets the map or right-hand side be inlined into the loop.
 
 Numba's cache does not notice edits to *other* files a cached function calls; after changing
-``integrate.py`` clear ``__pycache__`` (``find . -name '*.nb[ic]' -delete``). Setting ``NUMBA_DISABLE_JIT=1`` runs the same loops as plain Python, for debugging and coverage.
+``integrate.py`` clear ``__pycache__`` (``find . -name '*.nb[ic]' -delete``). Setting ``NUMBA_DISABLE_JIT=1`` runs the
+same loops as plain Python, for debugging and coverage.
 
 All loops stop at the first non-finite state or a state whose largest entry exceeds ``blowup``, and the
 wrappers raise :class:`DivergenceError` naming the step (and time) where it happened.
@@ -41,10 +49,15 @@ E. Hairer, S. P. Nørsett, G. Wanner, *Solving Ordinary Differential Equations I
 """
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import config, njit, types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, overload
 
 from .errors import BudgetExceeded, DivergenceError
 
@@ -71,6 +84,7 @@ SAFETY = 0.9
 MIN_FACTOR = 0.2
 MAX_FACTOR = 10.0
 DEFAULT_BLOWUP = 1e12
+_EPS = float(np.finfo(np.float64).eps)
 
 # Dormand–Prince 5(4) tableau (row 7 = the 5th-order weights: first-same-as-last).
 _DP_C = (0.0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1.0, 1.0)
@@ -138,11 +152,6 @@ def _state_status(y, blowup):
     return _OK
 
 
-@njit(cache=True)
-def _rms(v):
-    return np.sqrt(np.mean(v * v))
-
-
 @njit(inline='always')
 def rk4_loop(rhs, y0, t0, dt, n_steps, record_steps, params, blowup):
     """Fixed-step RK4; records the state after each step listed in ``record_steps`` (sorted, may hold 0)."""
@@ -188,20 +197,83 @@ def map_loop(step_map, x0, n_steps, record_steps, params, blowup):
     return xs, _OK, n_steps
 
 
-@njit(inline='always')
-def _initial_step(rhs, t0, y0, f0, params, rtol, atol, t_span):
-    """Starting step size, Hairer–Nørsett–Wanner §II.4 (the algorithm scipy also uses); order 5."""
-    scale = atol + rtol * np.abs(y0)
-    d0 = _rms(y0 / scale)
-    d1 = _rms(f0 / scale)
+# ---- adaptive Dormand–Prince 5(4) ------------------------------------------------------------------------------
+#
+# One compiled loop serves every right-hand side: ``_dopri5_core`` receives the right-hand side as a numba
+# first-class function (``types.FunctionType``), whose type is its signature, not its address, so the loop is compiled
+# once per signature and cached on disk. The signatures are the two calling conventions a right-hand side may have:
+# ``rhs(t, y, params, out)`` writing dy/dt into ``out`` (no allocation per evaluation) or ``rhs(t, y, params)``
+# returning it. ``solve_dopri5`` passes the address of the right-hand side's compiled code to ``_dopri5_into_at`` /
+# ``_dopri5_returning_at``, which make the first-class value from it (``_function_at``); a binding in compiled code
+# (``dopri5_loop``) casts the jitted right-hand side with ``_first_class`` and links the cached loop.
+
+_F64 = types.float64
+_VEC = types.float64[::1]
+_RHS_TYPES = {
+    4: types.FunctionType(types.none(_F64, _VEC, _VEC, _VEC)),  # rhs(t, y, params, out)
+    3: types.FunctionType(_VEC(_F64, _VEC, _VEC)),              # rhs(t, y, params) -> dy/dt
+}
+
+
+def _rhs_arity(rhs) -> int:
+    """3 (``rhs(t, y, params) -> dy/dt``) or 4 (``rhs(t, y, params, out)``), for a numba type or a Python function."""
+    if isinstance(rhs, types.FunctionType):
+        arity = rhs.nargs
+    else:
+        function = rhs.dispatcher.py_func if isinstance(rhs, types.Dispatcher) else getattr(rhs, "py_func", rhs)
+        arity = len(inspect.signature(function).parameters)
+    if arity not in _RHS_TYPES:
+        raise TypeError(f"a right-hand side takes (t, y, params) or (t, y, params, out), not {arity} arguments")
+    return arity
+
+
+def _evaluate(rhs, t, y, params, out):
+    """``out <- rhs(t, y, params)`` whichever calling convention ``rhs`` has (plain-Python path; numba: the overload)."""
+    if _rhs_arity(rhs) == 4:
+        rhs(t, y, params, out)
+    else:
+        out[:] = rhs(t, y, params)
+
+
+@overload(_evaluate)
+def _evaluate_jit(rhs, t, y, params, out):
+    if _rhs_arity(rhs) == 4:
+        def into(rhs, t, y, params, out):
+            rhs(t, y, params, out)
+        return into
+
+    def copy(rhs, t, y, params, out):
+        value = rhs(t, y, params)
+        for i in range(out.size):
+            out[i] = value[i]
+    return copy
+
+
+@njit(cache=True)
+def _initial_step(rhs, t0, y0, f0, f1, y1, params, rtol, atol, t_span):
+    """Starting step size, Hairer–Nørsett–Wanner §II.4 (the algorithm scipy also uses); order 5. ``f1`` and ``y1``
+    are scratch vectors."""
+    n = y0.size
+    d0 = 0.0
+    d1 = 0.0
+    for i in range(n):
+        scale = atol + rtol * abs(y0[i])
+        d0 += (y0[i] / scale) ** 2
+        d1 += (f0[i] / scale) ** 2
+    d0 = np.sqrt(d0 / n)
+    d1 = np.sqrt(d1 / n)
     if d0 < 1e-5 or d1 < 1e-5:
         h0 = 1e-6
     else:
         h0 = 0.01 * d0 / d1
     h0 = min(h0, t_span)
-    y1 = y0 + h0 * f0
-    f1 = rhs(t0 + h0, y1, params)
-    d2 = _rms((f1 - f0) / scale) / h0
+    for i in range(n):
+        y1[i] = y0[i] + h0 * f0[i]
+    _evaluate(rhs, t0 + h0, y1, params, f1)
+    d2 = 0.0
+    for i in range(n):
+        d2 += ((f1[i] - f0[i]) / (atol + rtol * abs(y0[i]))) ** 2
+    d2 = np.sqrt(d2 / n) / h0
     if d1 <= 1e-15 and d2 <= 1e-15:
         h1 = max(1e-6, h0 * 1e-3)
     else:
@@ -209,66 +281,89 @@ def _initial_step(rhs, t0, y0, f0, params, rtol, atol, t_span):
     return min(100.0 * h0, h1, t_span)
 
 
-@njit(inline='always')
-def _dopri5_stages(rhs, t, y, h, K, params):
-    """Stages 2..7 of one DOPRI5 step into ``K`` (``K[0]`` holds f(t, y)); returns the 5th-order y_new."""
+@njit(cache=True)
+def _stage_sum(y, h, K, s, coefficients, acc, out):
+    """out = y + h Σ_{r<s} a_r K[r], summed in the order of the tableau's row ``coefficients`` (zeros skipped); ``K``
+    holds one stage derivative per contiguous row, so each term is one pass over contiguous memory."""
     n = y.size
-    y_stage = np.empty(n)
-    for s in range(1, 7):
-        for i in range(n):
-            acc = 0.0
-            for r in range(s):
-                acc += _DP_A[s][r] * K[r, i]
-            y_stage[i] = y[i] + h * acc
-        K[s] = rhs(t + _DP_C[s] * h, y_stage, params)
-    return y_stage  # row 7 of the tableau is the 5th-order solution (FSAL)
+    c = coefficients[0]
+    for i in range(n):
+        acc[i] = c * K[0, i]
+    for r in range(1, s):
+        c = coefficients[r]
+        if c != 0.0:
+            for i in range(n):
+                acc[i] += c * K[r, i]
+    for i in range(n):
+        out[i] = y[i] + h * acc[i]
 
 
-@njit
-def _dopri5_error(y, y_new, h, K, rtol, atol):
-    """RMS of the embedded error estimate in units of ``atol + rtol * max(|y|, |y_new|)``."""
+@njit(cache=True)
+def _error_norm(y, y_new, h, K, acc, rtol, atol):
+    """RMS of the embedded error estimate h Σ e_s K[s] in units of ``atol + rtol * max(|y|, |y_new|)``."""
+    n = y.size
+    c = _DP_E[0]
+    for i in range(n):
+        acc[i] = c * K[0, i]
+    for r in range(1, 7):
+        c = _DP_E[r]
+        if c != 0.0:
+            for i in range(n):
+                acc[i] += c * K[r, i]
     total = 0.0
-    for i in range(y.size):
-        e = 0.0
-        for s in range(7):
-            e += _DP_E[s] * K[s, i]
+    for i in range(n):
         scale = atol + rtol * max(abs(y[i]), abs(y_new[i]))
-        total += (h * e / scale) ** 2
-    return np.sqrt(total / y.size)
+        total += (h * acc[i] / scale) ** 2
+    return np.sqrt(total / n)
 
 
-@njit
-def _dopri5_dense(y, y_new, h, K, theta, out):
-    """Hairer's DOPRI5 interpolant at ``t + theta * h`` (order 4), written into ``out``."""
-    theta1 = 1.0 - theta
-    for i in range(y.size):
+@njit(cache=True)
+def _dense_coefficients(y, y_new, h, K, acc, dense):
+    """The four coefficient vectors of Hairer's order-4 DOPRI5 interpolant on the step [t, t + h] (rows of ``dense``):
+    y(t + θh) = y + θ(c₀ + (1 − θ)(c₁ + θ(c₂ + (1 − θ)c₃)))."""
+    n = y.size
+    c = _DP_D[0]
+    for i in range(n):
+        acc[i] = c * K[0, i]
+    for r in range(1, 7):
+        c = _DP_D[r]
+        if c != 0.0:
+            for i in range(n):
+                acc[i] += c * K[r, i]
+    for i in range(n):
         ydiff = y_new[i] - y[i]
         bspl = h * K[0, i] - ydiff
-        r4 = ydiff - h * K[6, i] - bspl
-        r5 = 0.0
-        for s in range(7):
-            r5 += _DP_D[s] * K[s, i]
-        out[i] = y[i] + theta * (ydiff + theta1 * (bspl + theta * (r4 + theta1 * h * r5)))
+        dense[0, i] = ydiff
+        dense[1, i] = bspl
+        dense[2, i] = ydiff - h * K[6, i] - bspl
+        dense[3, i] = h * acc[i]
 
 
-@njit(inline='always')
-def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    """Adaptive DOPRI5 with dense output at ``t_eval`` (sorted, all >= t0).
+def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    """Adaptive DOPRI5 with dense output at ``t_eval``; the body of ``_dopri5_core`` (see :func:`dopri5_loop`).
 
-    Returns ``(ys, status, n_accepted, n_rejected, n_evals, t_stop)``. Bind it to a right-hand side inside
-    an ``@njit(cache=True)`` function to get an on-disk cached integrator (see the module docstring).
+    Work arrays are allocated once. The seven stage derivatives are the contiguous rows of ``K``, so every stage
+    sum, the error estimate and the dense output run over contiguous memory, in small compiled helpers shared by
+    every right-hand side (the loop itself stays small to compile). The 5th-order solution is taken over by swapping
+    references; Hairer's interpolant is evaluated from its coefficients, computed once per step that has outputs.
     """
+    n = y0.size
     n_out = t_eval.size
-    ys = np.empty((n_out, y0.size))
+    ys = np.empty((n_out, n))
     j = 0
     while j < n_out and t_eval[j] <= t0:
-        ys[j] = y0
+        for i in range(n):  # element loops, not slice assignments: those compile numba's shape-error formatting
+            ys[j, i] = y0[i]
         j += 1
     t_end = t_eval[n_out - 1]
     t = t0
     y = y0.copy()
-    K = np.empty((7, y0.size))
-    K[0] = rhs(t, y, params)
+    y_new = np.empty(n)
+    y_stage = np.empty(n)
+    acc = np.empty(n)
+    K = np.empty((7, n))
+    dense = np.empty((4, n))
+    _evaluate(rhs, t, y, params, K[0])
     n_evals = 1
     n_accepted = 0
     n_rejected = 0
@@ -277,8 +372,9 @@ def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, 
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
-        h = _initial_step(rhs, t0, y0, K[0].copy(), params, rtol, atol, t_end - t0)
+        h = _initial_step(rhs, t0, y, K[0], K[1], y_stage, params, rtol, atol, t_end - t0)
         n_evals += 1
+    tiny = 10.0 * _EPS
     previous_rejected = False
     while j < n_out:
         if n_accepted + n_rejected >= max_steps:
@@ -286,11 +382,15 @@ def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, 
         clipped = h >= t_end - t
         if clipped:
             h = t_end - t
-        if h <= 10.0 * np.finfo(np.float64).eps * max(abs(t), 1.0):
+        if h <= tiny * max(abs(t), 1.0):
             return ys, _STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
-        y_new = _dopri5_stages(rhs, t, y, h, K, params)
+        for s in range(1, 6):
+            _stage_sum(y, h, K, s, _DP_A[s], acc, y_stage)
+            _evaluate(rhs, t + _DP_C[s] * h, y_stage, params, K[s])
+        _stage_sum(y, h, K, 6, _DP_A[6], acc, y_new)  # the 5th-order solution (row 7 of the tableau)
+        _evaluate(rhs, t + h, y_new, params, K[6])    # first same as last
         n_evals += 6
-        err = _dopri5_error(y, y_new, h, K, rtol, atol)
+        err = _error_norm(y, y_new, h, K, acc, rtol, atol)
         if not np.isfinite(err):
             # A non-finite stage: shrink hard; if the state itself is the problem the step-size floor stops us.
             h *= MIN_FACTOR
@@ -303,15 +403,23 @@ def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, 
             previous_rejected = True
             continue
         t_new = t_end if clipped else t + h
+        if j < n_out and t_eval[j] < t_new:
+            _dense_coefficients(y, y_new, h, K, acc, dense)
         while j < n_out and t_eval[j] <= t_new:
             if t_eval[j] == t_new:
-                ys[j] = y_new
+                for i in range(n):
+                    ys[j, i] = y_new[i]
             else:
-                _dopri5_dense(y, y_new, h, K, (t_eval[j] - t) / h, ys[j])
+                theta = (t_eval[j] - t) / h
+                theta1 = 1.0 - theta
+                for i in range(n):
+                    ys[j, i] = y[i] + theta * (dense[0, i] + theta1 * (dense[1, i] + theta * (
+                        dense[2, i] + theta1 * dense[3, i])))
             j += 1
         t = t_new
-        y = y_new
-        K[0] = K[6]
+        y, y_new = y_new, y
+        for i in range(n):  # first same as last
+            K[0, i] = K[6, i]
         n_accepted += 1
         status = _state_status(y, blowup)
         if status != _OK:
@@ -322,6 +430,116 @@ def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, 
         h *= factor
         previous_rejected = False
     return ys, _OK, n_accepted, n_rejected, n_evals, t
+
+
+_dopri5_core = njit(cache=True)(_dopri5_generic)  # compiled once per first-class right-hand-side type
+
+
+@intrinsic
+def _function_at(typingctx, address, arity):
+    """The compiled function at ``address`` (numba's calling convention) as a first-class function of the calling
+    convention ``arity`` (3 or 4, a literal); see :func:`_rhs_address`."""
+    if not isinstance(arity, types.IntegerLiteral) or arity.literal_value not in _RHS_TYPES:
+        return None
+    function_type = _RHS_TYPES[arity.literal_value]
+
+    def codegen(context, builder, signature, args):
+        value = cgutils.create_struct_proxy(function_type)(context, builder)
+        value.c_addr = context.get_constant_null(types.voidptr)
+        value.py_addr = context.get_constant_null(types.voidptr)
+        value.jit_addr = builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+        return value._getvalue()
+
+    return function_type(address, arity), codegen
+
+
+@njit(cache=True)
+def _dopri5_into_at(address, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    """DOPRI5 with the right-hand side ``rhs(t, y, params, out)`` compiled at ``address``."""
+    return _dopri5_core(_function_at(address, 4), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+
+
+@njit(cache=True)
+def _dopri5_returning_at(address, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    """DOPRI5 with the right-hand side ``rhs(t, y, params) -> dy/dt`` compiled at ``address``."""
+    return _dopri5_core(_function_at(address, 3), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+
+
+_ADDRESSES: dict = {}
+
+
+def _rhs_address(rhs) -> tuple[int, int]:
+    """(calling convention, address of the compiled code) of a jitted right-hand side, compiled (or loaded from its
+    own on-disk cache) for the integrator's argument types on first use in a process. The address is valid while the
+    dispatcher lives; the table keeps it alive."""
+    found = _ADDRESSES.get(rhs)
+    if found is None:
+        if not hasattr(rhs, "get_compile_result"):
+            raise TypeError("rhs must be a numba @njit function")
+        arity = _rhs_arity(rhs)
+        signature = _RHS_TYPES[arity].signature
+        try:
+            compiled = rhs.get_compile_result(signature)
+        except TypingError as error:
+            raise TypeError(f"rhs must take {signature.args} and return {signature.return_type}; numba: "
+                            f"{str(error).splitlines()[0]}") from error
+        if compiled.signature.return_type != signature.return_type:
+            raise TypeError(f"rhs with {arity} arguments must return {signature.return_type}, "
+                            f"not {compiled.signature.return_type}")
+        address = compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+        found = _ADDRESSES[rhs] = (arity, address)
+    return found
+
+
+@intrinsic
+def _first_class(typingctx, rhs):
+    """A jitted right-hand side as a first-class function value holding only its compiled entry points.
+
+    numba's own cast from a jitted function to a first-class function also stores the Python object's address, a
+    per-process constant that makes the caller uncacheable; the loop never needs it (it calls the compiled code), so
+    this cast leaves it null and links the right-hand side's library into the caller instead."""
+    if not isinstance(rhs, types.Dispatcher):
+        return None
+    function_type = _RHS_TYPES[_rhs_arity(rhs)]
+
+    def codegen(context, builder, signature, args):
+        compiled = rhs.dispatcher.get_compile_result(function_type.signature)
+        void_pointer = context.get_value_type(types.voidptr)
+        value = cgutils.create_struct_proxy(function_type)(context, builder)
+        wrapper_type = context.get_value_type(function_type.ftype).pointee
+        wrapper = cgutils.get_or_insert_function(builder.module, wrapper_type, compiled.fndesc.llvm_cfunc_wrapper_name)
+        value.c_addr = builder.bitcast(wrapper, void_pointer)
+        value.jit_addr = builder.bitcast(context.declare_function(builder.module, compiled.fndesc), void_pointer)
+        value.py_addr = context.get_constant_null(types.voidptr)
+        context.active_code_library.add_linking_library(compiled.library)
+        return value._getvalue()
+
+    return function_type(rhs), codegen
+
+
+def _dopri5_call(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    """Plain-Python path of :func:`dopri5_loop` (NUMBA_DISABLE_JIT); compiled code uses the overload below."""
+    return _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+
+
+@overload(_dopri5_call, inline="always")
+def _dopri5_call_jit(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    def call(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+        return _dopri5_core(_first_class(rhs), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    return call
+
+
+@njit(inline='always')
+def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    """Adaptive DOPRI5 with dense output at ``t_eval`` (sorted, all >= t0).
+
+    ``rhs`` is ``rhs(t, y, params, out)`` (writes dy/dt into ``out``: no allocation per evaluation, preferred) or
+    ``rhs(t, y, params) -> dy/dt`` (a C-contiguous float64 vector). ``y0``, ``t_eval`` and ``params`` are contiguous
+    float64 vectors. Returns ``(ys, status, n_accepted, n_rejected, n_evals, t_stop)``. Bind it to a right-hand side
+    inside an ``@njit(cache=True)`` function to get an on-disk cached integrator (see the module docstring); the
+    loop itself is compiled once per calling convention and shared by every right-hand side.
+    """
+    return _dopri5_call(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -349,9 +567,31 @@ def _as_params(params) -> np.ndarray:
     return params
 
 
+_MIN_RTOL = 100 * np.finfo(float).eps
+
+
+@njit(cache=True)
+def _first_input_problem(y0, t_eval, params):
+    """0 if every entry is usable, else 1: y0 not finite, 2: t_eval not finite, 3: t_eval not sorted, 4: params not
+    finite (the order in which :func:`solve_dopri5` reports them)."""
+    for v in y0:
+        if not np.isfinite(v):
+            return 1
+    for v in t_eval:
+        if not np.isfinite(v):
+            return 2
+    for i in range(1, t_eval.size):
+        if t_eval[i] < t_eval[i - 1]:
+            return 3
+    for v in params:
+        if not np.isfinite(v):
+            return 4
+    return 0
+
+
 def _positive(value, name: str, allow_zero: bool = False) -> float:
     value = float(value)
-    if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {bound}, got {value}")
     return value
@@ -449,7 +689,8 @@ def solve_dopri5(
 
     Parameters
     ----------
-    rhs : numba-compiled function ``(float, ndarray (n,), ndarray (p,)) -> ndarray (n,)``
+    rhs : numba-compiled function ``rhs(t, y, params, out)`` writing dy/dt into ``out``, or ``rhs(t, y, params)``
+        returning it (a C-contiguous float64 vector); ``t`` a float, the vectors C-contiguous float64.
     y0 : array_like, shape (n,)
         State at ``t0``.
     t_eval : array_like, shape (n_t,)
@@ -467,7 +708,8 @@ def solve_dopri5(
         Divergence bound on ``max |y|``.
     loop : numba function, optional
         ``dopri5_loop`` bound to ``rhs`` in an ``@njit(cache=True)`` function taking
-        ``(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)``.
+        ``(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)``. Not needed: without it the shared
+        cached loop calls ``rhs`` by its compiled address (the module docstring, "Caching and compile time").
 
     Returns
     -------
@@ -476,26 +718,42 @@ def solve_dopri5(
     Raises
     ------
     ValueError, DivergenceError, BudgetExceeded
+    TypeError
+        If ``rhs`` is not a numba function of one of the two forms.
     """
-    y0 = _as_state(y0, "y0")
-    params = _as_params(params)
+    # The shapes here, the values in one compiled pass (numpy's checks cost more than a small solve).
+    y0 = np.ascontiguousarray(y0, dtype=np.float64)
+    if y0.ndim != 1 or y0.size == 0:
+        raise ValueError(f"y0 must be a non-empty 1-D array, got shape {y0.shape}")
+    params = np.zeros(0) if params is None else np.ascontiguousarray(params, dtype=np.float64)
+    if params.ndim != 1:
+        raise ValueError(f"params must be a flat 1-D float array, got shape {params.shape}")
     t_eval = np.ascontiguousarray(t_eval, dtype=np.float64)
-    if t_eval.ndim != 1 or t_eval.size == 0 or not np.all(np.isfinite(t_eval)):
+    if t_eval.ndim != 1 or t_eval.size == 0:
         raise ValueError("t_eval must be a non-empty, finite 1-D array")
-    if np.any(np.diff(t_eval) < 0):
-        raise ValueError("t_eval must be sorted in increasing order")
+    problem = _first_input_problem(y0, t_eval, params)
+    if problem:
+        raise ValueError(("y0 must be finite", "t_eval must be a non-empty, finite 1-D array",
+                          "t_eval must be sorted in increasing order", "params must be finite")[problem - 1])
     t0 = float(t_eval[0]) if t0 is None else float(t0)
-    if not np.isfinite(t0) or t_eval[0] < t0:
+    if not math.isfinite(t0) or t_eval[0] < t0:
         raise ValueError(f"t0 must be finite and <= t_eval[0], got {t0}")
     rtol = _positive(rtol, "rtol")
     atol = _positive(atol, "atol", allow_zero=True)
-    if rtol < 100 * np.finfo(float).eps:
+    if rtol < _MIN_RTOL:
         raise ValueError(f"rtol must be at least 100 machine epsilons, got {rtol}")
     first = 0.0 if first_step is None else _positive(first_step, "first_step")
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     args = (y0, t0, t_eval, params, rtol, atol, first, int(max_steps), _positive(blowup, "blowup"))
-    ys, status, n_acc, n_rej, n_ev, t_stop = dopri5_loop(rhs, *args) if loop is None else loop(*args)
+    if loop is not None:
+        ys, status, n_acc, n_rej, n_ev, t_stop = loop(*args)
+    elif config.DISABLE_JIT:
+        ys, status, n_acc, n_rej, n_ev, t_stop = _dopri5_generic(rhs, *args)
+    else:
+        arity, address = _rhs_address(rhs)
+        core = _dopri5_into_at if arity == 4 else _dopri5_returning_at
+        ys, status, n_acc, n_rej, n_ev, t_stop = core(address, *args)
     _raise_if_diverged(status, n_acc, f" (t = {t_stop:.6g})")
     if status == _MAX_STEPS:
         raise BudgetExceeded(f"solve_dopri5 used its budget of max_steps={max_steps} steps at t = {t_stop:.6g} "

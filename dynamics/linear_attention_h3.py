@@ -417,8 +417,9 @@ def train(problem: H3Problem, model: str, *, seed: SeedLike, steps: int = 2000, 
 
 @njit(cache=True)
 def flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    """The DOPRI5 loop bound to Ẇ = −∇R(W, ω), for ``solve_dopri5(..., loop=flow_dopri5)``."""
-    return dopri5_loop(cf.preconditioner_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    """The DOPRI5 loop bound to Ẇ = −∇R(W, ω), for compiled callers; :func:`population_trajectory` calls
+    ``solve_dopri5(cf.preconditioner_flow_rhs_into, ...)``, which shares one cached loop among all systems."""
+    return dopri5_loop(cf.preconditioner_flow_rhs_into, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 def population_trajectory(problem: H3Problem, W=None, omega=None, *, t_end: float | None = None,
@@ -436,8 +437,8 @@ def population_trajectory(problem: H3Problem, W=None, omega=None, *, t_end: floa
     t_end = 30.0 / rate if t_end is None else check.real(t_end, "t_end", minimum=0.0, strict=True)
     n_points = check.integer(n_points, "n_points", minimum=2)
     times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
-    solution = solve_dopri5(cf.preconditioner_flow_rhs, W.ravel(), times, cf.pack_flow_params(problem, omega),
-                            rtol=rtol, atol=atol, loop=flow_dopri5)
+    solution = solve_dopri5(cf.preconditioner_flow_rhs_into, W.ravel(), times, cf.pack_flow_params(problem, omega),
+                            rtol=rtol, atol=atol)
     Ws = solution.y.reshape(-1, d, d)
     W_star = cf.optimal_weighted_preconditioner(problem, omega)
     risk = cf.wpgd_risk(problem, Ws, omega)

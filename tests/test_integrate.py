@@ -223,3 +223,87 @@ def test_iterate_map_fixed_point_and_recording():
 def test_bad_input_is_a_value_error_naming_the_parameter(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# ---- the in-place calling convention rhs(t, y, params, out) ---------------------------------------------------------
+@njit(cache=True)
+def oscillator_rhs_into(t, y, p, out):
+    out[0] = y[1]
+    out[1] = -p[0] ** 2 * y[0]
+
+
+@njit(cache=True)
+def _bound_oscillator_into(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+    return dopri5_loop(oscillator_rhs_into, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+
+
+def test_in_place_rhs_gives_the_same_solution_as_the_returning_one():
+    _, exact, y0, params, t_end = PROBLEMS["oscillator"]
+    t_eval = np.linspace(0, t_end, 11)
+    returning = solve_dopri5(oscillator_rhs, y0, t_eval, params, rtol=1e-8, atol=1e-10)
+    for loop in (None, _bound_oscillator_into):
+        into = solve_dopri5(oscillator_rhs_into, y0, t_eval, params, rtol=1e-8, atol=1e-10, loop=loop)
+        np.testing.assert_array_equal(into.y, returning.y)
+        assert into.n_rhs_evals == returning.n_rhs_evals
+    np.testing.assert_allclose(returning.y, exact(t_eval, y0, params), atol=1e-6)
+
+
+def test_dopri5_leaves_its_inputs_alone():
+    rhs, _, y0, params, t_end = PROBLEMS["decay"]
+    y0_copy, params_copy = y0.copy(), params.copy()
+    t_eval = np.linspace(0.0, t_end, 5)
+    sol = solve_dopri5(rhs, y0, t_eval, params)
+    np.testing.assert_array_equal(y0, y0_copy)
+    np.testing.assert_array_equal(params, params_copy)
+    np.testing.assert_array_equal(sol.y[0], y0)
+    assert sol.t is not t_eval
+
+
+def test_rhs_of_the_wrong_form_is_a_type_error():
+    @njit
+    def two_arguments(t, y):
+        return y
+
+    @njit
+    def returns_a_matrix(t, y, p):
+        return np.outer(y, y)
+
+    with pytest.raises(TypeError, match="takes"):
+        solve_dopri5(two_arguments, [1.0], [0.0, 1.0])
+    with pytest.raises(TypeError, match="and return array"):
+        solve_dopri5(returns_a_matrix, [1.0], [0.0, 1.0])  # typing fails: a 2-D result where a vector is due
+
+
+def test_bound_dopri5_loops_load_from_the_cache_in_a_new_process(tmp_path):
+    """A binding of the loop to a right-hand side, and the loop itself, are served from numba's on-disk cache by a
+    second process (the first compiles): none of them holds a per-process address."""
+    import subprocess
+    import sys
+    import textwrap
+
+    module = tmp_path / "bound_module.py"
+    module.write_text(textwrap.dedent('''
+        import numpy as np
+        from numba import njit
+        from attnflow.dynamics.integrate import dopri5_loop, solve_dopri5
+
+        @njit(cache=True)
+        def rhs(t, y, p, out):
+            out[0] = -p[0] * y[0]
+
+        @njit(cache=True)
+        def bound(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
+            return dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+
+        a = solve_dopri5(rhs, [1.0], [0.0, 1.0], [2.0], loop=bound)
+        b = solve_dopri5(rhs, [1.0], [0.0, 1.0], [2.0])
+        assert abs(a.y[-1, 0] - np.exp(-2.0)) < 1e-6 and a.y[-1, 0] == b.y[-1, 0]
+        print(sum(bound.stats.cache_hits.values()), sum(bound.stats.cache_misses.values()))
+    '''))
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-W", "error::numba.NumbaWarning", "-c", "import bound_module"], env=env,
+                           capture_output=True, text=True, timeout=600) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    assert runs[0].stdout.split() == ["0", "1"]  # compiled
+    assert runs[1].stdout.split() == ["1", "0"]  # loaded from the cache
