@@ -27,7 +27,8 @@ from . import checks as check
 from .parameters import Parameter, parse_parameters
 
 __all__ = ["GroupSparseProblem", "first_step_v", "attention_weights", "position_only_terms",
-           "position_only_loss", "position_only_step", "position_only_flow_rhs", "pack_position_only_params", "asymptotic_loss_constant", "symmetric_coordinates"]
+           "position_only_loss", "position_only_step", "position_only_flow_rhs", "position_only_flow_rhs_into",
+           "pack_position_only_params", "asymptotic_loss_constant", "symmetric_coordinates"]
 
 
 @dataclass(frozen=True)
@@ -231,14 +232,20 @@ def position_only_step(k, x, params):
 
 
 @njit(cache=True)
-def position_only_flow_rhs(t, x, params):
+def position_only_flow_rhs_into(t, x, params, out):
     """Gradient-flow limit of :func:`position_only_step` in τ = ηt: dβ/dτ = −∂L/∂β, dα/dτ = −∂L/∂α/(D − 1)
-    (docs/group_sparse.md §6)."""
+    (docs/group_sparse.md §6), written into ``out`` (the integrator's in-place calling convention)."""
     D = int(params[0])
     d_beta, d_alpha = _position_only_gradient(x[0], x[1], D, params[1])
-    out = np.empty(2)
     out[0] = -d_beta
     out[1] = -d_alpha / (D - 1)
+
+
+@njit(cache=True)
+def position_only_flow_rhs(t, x, params):
+    """The position-only flow's right-hand side as a new vector: :func:`position_only_flow_rhs_into`."""
+    out = np.empty(2)
+    position_only_flow_rhs_into(t, x, params, out)
     return out
 
 

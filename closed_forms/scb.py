@@ -24,8 +24,8 @@ from .parameters import Parameter, parse_parameters
 
 __all__ = ["SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_statistics", "population_risk",
            "raw_gradients", "preconditioned_gradients", "reduced_coordinates", "line_point", "line_map_step",
-           "closure_map_step", "reduced_risk", "normalised_flow_rhs", "pack_line_params", "least_squares_V",
-           "stage1_duration", "slow_mode_rate", "population_map_step", "population_map", "relative_distance",
+           "closure_map_step", "reduced_risk", "normalised_flow_rhs", "normalised_flow_rhs_into", "pack_line_params",
+           "least_squares_V", "stage1_duration", "slow_mode_rate", "population_map_step", "population_map", "relative_distance",
            "off_support_spread", "transfer_start", "transfer_overlap", "transfer_step_size", "soft_threshold", "proximal_family_step",
            "STOCHASTIC_TOLERANCE", "label_integrated_noise_sums", "NOISE_MOMENT_NAMES"]
 
@@ -292,14 +292,21 @@ def closure_map_step(k, x, params):
 
 
 @njit(cache=True)
-def normalised_flow_rhs(t, x, params):
+def normalised_flow_rhs_into(t, x, params, out):
     """Gradient-flow limit in τ = ηt with η_V = η/K_Q, η_Q = η/K_P (docs/scb.md §8.3); params[0] = ε = 1/(TK_Q):
-        dα_V/dτ = α_Q(1 − α_Vα_Q) + ε(1 − α_V),   dα_Q/dτ = α_V(1 − α_Vα_Q)."""
+        dα_V/dτ = α_Q(1 − α_Vα_Q) + ε(1 − α_V),   dα_Q/dτ = α_V(1 − α_Vα_Q),
+    written into ``out`` (the integrator's calling convention)."""
     eps = params[0]
     gap = 1.0 - x[0] * x[1]
-    out = np.empty(2)
     out[0] = x[1] * gap + eps * (1.0 - x[0])
     out[1] = x[0] * gap
+
+
+@njit(cache=True)
+def normalised_flow_rhs(t, x, params):
+    """The normalised flow's right-hand side as a new vector: :func:`normalised_flow_rhs_into`."""
+    out = np.empty(2)
+    normalised_flow_rhs_into(t, x, params, out)
     return out
 
 

@@ -17,7 +17,7 @@ from attnflow.closed_forms import group_sparse as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.group_sparse import GroupSparseProblem
 
-from .integrate import DivergenceError, dopri5_loop, iterate_map, map_loop, solve_dopri5
+from .integrate import DivergenceError, iterate_map, map_loop, solve_dopri5
 from attnflow.seeding import SeedLike, as_seed_sequence
 
 from .montecarlo import Trajectory
@@ -263,18 +263,13 @@ def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int
                       info=dict(eta=eta))
 
 
-@njit(cache=True)
-def _position_only_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    return dopri5_loop(cf.position_only_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
-
-
 def position_only_flow(problem: GroupSparseProblem, times, *, rtol: float = 1e-8, atol: float = 1e-12) -> Trajectory:
     """The gradient flow of the (β, α) sub-model from (0, 0) in τ = η·steps (adaptive Dormand–Prince,
     docs/group_sparse.md §6); at late times its steps grow with τ, so τ = 10⁶ costs ~10³ evaluations where the map
     needs 10⁶. Records β, α and the loss at ``times``."""
     times = np.array(check.finite_array(times, "times", ndim=1))  # writable: one array type for the compiled loop
-    sol = solve_dopri5(cf.position_only_flow_rhs, [0.0, 0.0], times, cf.pack_position_only_params(problem, 1.0),
-                       t0=0.0, rtol=rtol, atol=atol, loop=_position_only_dopri5)
+    sol = solve_dopri5(cf.position_only_flow_rhs_into, [0.0, 0.0], times, cf.pack_position_only_params(problem, 1.0),
+                       t0=0.0, rtol=rtol, atol=atol)  # the shared loop, compiled once for every system
     beta, alpha = sol.y[:, 0], sol.y[:, 1]
     loss = cf.position_only_loss(problem, beta, alpha)
     return Trajectory(times=sol.t, states=dict(beta=beta, alpha=alpha), metrics=dict(loss=loss),

@@ -20,7 +20,7 @@ from attnflow.closed_forms.scb import SCBProblem
 from attnflow.seeding import SeedLike, generator_state, spawn
 
 from .errors import DivergenceError, StageFailure
-from .integrate import dopri5_loop, iterate_map, map_loop, solve_dopri5
+from .integrate import iterate_map, map_loop, solve_dopri5
 from . import progress, sampling
 from .diffusion import pool_size
 from .montecarlo import Trajectory
@@ -62,7 +62,7 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     N, T = V.shape[0], Q.shape[0]
     C = min(chunk, batch)
     uniforms = np.empty(C * (T + 3))  # per sample, in order: x₁…x_T, k, s, o
-    X = np.empty((C, T), np.int64)
+    X = np.empty((C, T), np.int32)  # token ids: half the memory traffic of int64
     ks = np.empty(C, np.int64)
     labels = np.empty(C, np.int64)
     Y = np.zeros((C, N))
@@ -181,17 +181,12 @@ def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int,
                       info=dict(eta_V=float(eta_V), eta_Q=float(eta_Q)))
 
 
-@njit(cache=True)
-def _flow_dopri5(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    return dopri5_loop(cf.normalised_flow_rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
-
-
 def normalised_flow(epsilon: float, x0, taus, *, rtol: float = 1e-10, atol: float = 1e-13) -> Trajectory:
     """The normalised gradient flow of docs/scb.md §8.3 from x0 = (α_V, α_Q) at the times ``taus`` (DOPRI5): metrics
     ``alpha_V`` and ``alpha_Q`` against τ, states ``alpha`` (n, 2)."""
     epsilon = check.real(epsilon, "epsilon", minimum=0.0)
-    sol = solve_dopri5(cf.normalised_flow_rhs, np.asarray(x0, float), taus, [epsilon], t0=0.0, rtol=rtol, atol=atol,
-                       loop=_flow_dopri5)
+    sol = solve_dopri5(cf.normalised_flow_rhs_into, np.asarray(x0, float), taus, [epsilon], t0=0.0, rtol=rtol,
+                       atol=atol)
     return Trajectory(times=np.asarray(sol.t, float), states=dict(alpha=sol.y),
                       metrics=dict(alpha_V=sol.y[:, 0].copy(), alpha_Q=sol.y[:, 1].copy()),
                       info=dict(n_rhs_evals=sol.n_rhs_evals))
