@@ -621,7 +621,7 @@ def noise_floor_without_threshold(seed, Ts, batch, steps, lam, seeds, noise_batc
                                     values.std(axis=1, ddof=1) / math.sqrt(seeds), label=label)
         T = np.array(Ts, float)
         plots.theory_line(ax, T, plain.mean(axis=1)[0] * noise[:, 0] / noise[0, 0],
-                          label="theory $\\propto$ gradient noise off the supports, at the iterates")
+                          label="theory $\\propto$ off-support noise at the iterates")
         plots.theory_line(ax, T, plain.mean(axis=1)[0] * np.array(degrees) / degrees[0], linestyle=":",
                           label="$\\propto (T - Q - 1)(1 - 1/T)$ (large T)")
         plots.finish(ax, f"Off-support attention spread after {steps} steps, B = {batch}", "context length $T$",
