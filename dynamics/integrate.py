@@ -282,19 +282,24 @@ def _initial_step(rhs, t0, y0, f0, f1, y1, params, rtol, atol, t_span):
 
 
 @njit(cache=True)
-def _stage_sum(y, h, K, s, coefficients, acc, out):
-    """out = y + h Σ_{r<s} a_r K[r], summed in the order of the tableau's row ``coefficients`` (zeros skipped); ``K``
-    holds one stage derivative per contiguous row, so each term is one pass over contiguous memory."""
-    n = y.size
+def _weighted_stages(K, s, coefficients, acc):
+    """acc = Σ_{r<s} c_r K[r], summed in the order of ``coefficients`` (zeros skipped); ``K`` holds one stage
+    derivative per contiguous row, so each term is one pass over contiguous memory."""
     c = coefficients[0]
-    for i in range(n):
+    for i in range(acc.size):
         acc[i] = c * K[0, i]
     for r in range(1, s):
         c = coefficients[r]
         if c != 0.0:
-            for i in range(n):
+            for i in range(acc.size):
                 acc[i] += c * K[r, i]
-    for i in range(n):
+
+
+@njit(cache=True)
+def _stage_sum(y, h, K, s, coefficients, acc, out):
+    """out = y + h Σ_{r<s} a_r K[r] for the tableau's row ``coefficients``."""
+    _weighted_stages(K, s, coefficients, acc)
+    for i in range(y.size):
         out[i] = y[i] + h * acc[i]
 
 
@@ -302,14 +307,7 @@ def _stage_sum(y, h, K, s, coefficients, acc, out):
 def _error_norm(y, y_new, h, K, acc, rtol, atol):
     """RMS of the embedded error estimate h Σ e_s K[s] in units of ``atol + rtol * max(|y|, |y_new|)``."""
     n = y.size
-    c = _DP_E[0]
-    for i in range(n):
-        acc[i] = c * K[0, i]
-    for r in range(1, 7):
-        c = _DP_E[r]
-        if c != 0.0:
-            for i in range(n):
-                acc[i] += c * K[r, i]
+    _weighted_stages(K, 7, _DP_E, acc)
     total = 0.0
     for i in range(n):
         scale = atol + rtol * max(abs(y[i]), abs(y_new[i]))
@@ -322,14 +320,7 @@ def _dense_coefficients(y, y_new, h, K, acc, dense):
     """The four coefficient vectors of Hairer's order-4 DOPRI5 interpolant on the step [t, t + h] (rows of ``dense``):
     y(t + θh) = y + θ(c₀ + (1 − θ)(c₁ + θ(c₂ + (1 − θ)c₃)))."""
     n = y.size
-    c = _DP_D[0]
-    for i in range(n):
-        acc[i] = c * K[0, i]
-    for r in range(1, 7):
-        c = _DP_D[r]
-        if c != 0.0:
-            for i in range(n):
-                acc[i] += c * K[r, i]
+    _weighted_stages(K, 7, _DP_D, acc)
     for i in range(n):
         ydiff = y_new[i] - y[i]
         bspl = h * K[0, i] - ydiff
