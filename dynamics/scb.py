@@ -1,6 +1,6 @@
 """Sparse Contextual Bigram: a streaming minibatch sampler and Algorithm 1 on real minibatches.
 
-Samples are drawn inside numba kernels by guide tables from a xoshiro256+ generator (:mod:`.sampling`) and consumed
+Samples are drawn inside numba kernels by alias and guide tables from a xoshiro256+ generator (:mod:`.sampling`) and consumed
 a chunk at a time (docs/scb.md §2: positions x₁…x_T, x_{T+1} i.i.d. ~ μ, s ~ q*⁽ᵏ⁾, o ~ Pe_{x_s}), so memory stays
 flat in the batch size and in the number of steps. The generator's state comes from ``numpy.random.SeedSequence``
 at the start of every stage, so a run is determined by its seed.
@@ -49,8 +49,8 @@ CHUNK = 256  # samples per GEMM: large enough to run BLAS near its peak, small e
 @njit(cache=True)
 def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     """Batch means of the loss, the preconditioned gradients (eq. 4) and the raw ones, from
-    ``batch`` fresh samples (Lemma B.3 per sample; docs/scb.md §5's per-sample forms), drawn with the guide
-    ``tables`` from the generator ``state`` (advanced in place).
+    ``batch`` fresh samples (Lemma B.3 per sample; docs/scb.md §5's per-sample forms), drawn with the alias and guide
+    ``tables`` (:func:`_sampling_tables`) from the generator ``state`` (advanced in place).
 
     Per sample b: y_b = Σ_t q_t⁽ᵏ⁾ e_{x_t}, r_b = e_o − V y_b, ∇_V = −r_b y_bᵀ (preconditioned:
     −r_b(D⁻¹y_b − (1ᵀy_b)1)ᵀ) and ∇_{q⁽ᵏ⁾} = −XᵀVᵀr_b = −w_b[x_t] with w_b = Vᵀr_b. Samples are taken ``chunk``
