@@ -30,6 +30,7 @@ BOOTSTRAP_LEVEL = 0.95  # the level of fit_exponent's intervals used below (its 
 # false-FAIL rate of 1e-3, small enough for a 200-seed calibration to resolve (one at 5% exceeds its own rate in
 # half of all calibrations).
 EXPONENT_LEVEL = 0.999
+DRIFT_RATE = 5e-4  # family-wise nominal false-FAIL rate of minibatch_tracks_population's drift tests
 IDENTITY_NOTE = "No figure: an exact identity checked to round-off, whose numbers say all a picture would."
 
 
@@ -490,64 +491,96 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
 
 @claim(
     "scb.minibatch_tracks_population",
-    reference=f"{PAPER}: the minibatch analysis of Stages 1–2 (Lemmas D.x, E.x; docs/scb.md §10, C10)",
-    statement="At a fixed horizon the distance between a minibatch run and the population map scales like B^{-1/2} "
-              "in Stage 1 (λ = 0, on the line), and at least that fast in proximal Stage 2 (λ > 0, full matrices), "
-              "where the soft threshold removes sub-threshold noise entirely.",
-    quick=dict(batches=(1000, 4000, 16000), horizon=20, seeds=16, lam=0.01),
-    full=dict(batches=(1000, 4000, 16000, 64000), horizon=40, seeds=24, lam=0.01),
+    reference=f"{PAPER}: the minibatch analysis of Stages 1–2 (Lemmas D.x, E.x; docs/scb.md §10, C10 and §14)",
+    statement="At a fixed horizon a minibatch run stays within O(B^{-1/2}) of the population map. In Stage 1 (λ = 0, "
+              "on the line) the run's distance from its mean path scales like B^{-1/2}, and the mean path leaves the "
+              "population line by an O(1/B) drift: the off-line errors the noise feeds into the α-map of Lemmas "
+              "C.5–C.6. In proximal Stage 2 (λ > 0, full matrices) the distance decays at least as fast as "
+              "B^{-1/2}, since the soft threshold removes sub-threshold noise entirely.",
+    quick=dict(batches=(1000, 4000, 16000), horizon=20, seeds=16, lam=0.01, n_contexts=4000),
+    full=dict(batches=(1000, 4000, 16000, 64000), horizon=40, seeds=24, lam=0.01, n_contexts=16_000),
 )
-def minibatch_tracks_population(seed, batches, horizon, seeds, lam):
+def minibatch_tracks_population(seed, batches, horizon, seeds, lam, n_contexts):
+    from scipy import stats as scipy_stats
+
     from .stats import fit_exponent_t
 
     problem = _example(seed)
     eta_V, eta_Q = ETA / problem.K_Q, ETA / problem.K_P
-    line = dyn.line_trajectory(problem, eta_V, eta_Q, horizon).states["alpha"]
+    line = dyn.line_trajectory(problem, eta_V, eta_Q, horizon).states["alpha"][-1]
     # Stage 2 starts from the rounded population point at α_Q = 0.5 (docs/scb.md §8.5's entry), V on its line.
     V0, Q0 = cf.line_point(problem, 0.5, 0.5)
     Q0 = dyn.round_to_supports(problem, Q0)
     V_pop, Q_pop = cf.population_map(problem, V0, Q0, eta_V, eta_Q, lam, steps=horizon)
-    stage1 = np.zeros((len(batches), seeds))
+    context_seed, *batch_seeds = seed.spawn(1 + len(batches))
+    contexts = dyn.context_sample(problem, n_contexts, seed=context_seed)
+    alpha = np.zeros((len(batches), seeds, 2))  # Stage 1's (α_V, α_Q) at the horizon
+    mean_path = np.zeros((len(batches), 2))  # the band's mean (α_V, α_Q) at the horizon: line + the O(1/B) drift
     stage2 = np.zeros((len(batches), seeds))
-    for i, (batch, child) in enumerate(zip(batches, seed.spawn(len(batches)))):
+    for i, (batch, child) in enumerate(zip(batches, batch_seeds)):
+        mean_path[i] = dyn.stage1_noise_band(problem, ETA, batch, horizon, contexts, record_every=horizon).alpha[-1]
         for s, grandchild in enumerate(child.spawn(seeds)):
             first, second = grandchild.spawn(2)
             run = dyn.run_stage1(problem, dyn.StageSettings(horizon, batch, ETA), seed=first, record_every=1)
-            stage1[i, s] = math.hypot(run.metrics["alpha_V"][-1] - line[-1, 0], run.metrics["alpha_Q"][-1] - line[-1, 1])
+            alpha[i, s] = run.metrics["alpha_V"][-1], run.metrics["alpha_Q"][-1]
             run = dyn.run_stage(problem, (V0, Q0), dyn.StageSettings(horizon, batch, ETA, lam=lam), seed=second,
                                 record_every=horizon)
             stage2[i, s] = cf.relative_distance(problem, (run.final["V"], run.final["Q"]), (V_pop, Q_pop))
-    fits = {"Stage 1": fit_exponent_t(batches, stage1, level=EXPONENT_LEVEL),
+    to_mean_path = np.hypot(*np.moveaxis(alpha - mean_path[:, None], 2, 0))
+    to_line = np.hypot(*np.moveaxis(alpha - line, 2, 0))
+    fits = {"Stage 1": fit_exponent_t(batches, to_mean_path, level=EXPONENT_LEVEL),
             "Stage 2 (λ > 0)": fit_exponent_t(batches, stage2, level=EXPONENT_LEVEL)}
+    line_fit = fit_exponent_t(batches, to_line, level=EXPONENT_LEVEL)
+    # The drift: the seed-mean of α against the band's mean path, a t test per batch and coordinate (Bonferroni).
+    drift_t = (alpha.mean(axis=1) - mean_path) / (alpha.std(axis=1, ddof=1) / math.sqrt(seeds))
+    drift_bound = float(scipy_stats.t.isf(DRIFT_RATE / (2 * drift_t.size), seeds - 1))
 
     def figure():
         fig, ax = plots.figure()
-        for (name, fit), values in zip(fits.items(), (stage1, stage2)):
+        panels = ((to_line, "Stage 1: from the population line", "tab:gray", "s"),
+                  (to_mean_path, "Stage 1: from the mean path (line + drift)", "tab:blue", "o"),
+                  (stage2, "Stage 2 (λ > 0): from the population map", "tab:orange", "D"))
+        for values, name, color, marker in panels:
             plots.simulation_points(ax, batches, values.mean(axis=1), values.std(axis=1, ddof=1) / math.sqrt(seeds),
-                                    label=f"{name}: exponent {fit.estimate:.2f}")
+                                    label=name, color=color, marker=marker)
         B = np.array(batches, float)
-        plots.theory_line(ax, B, stage1.mean(axis=1)[0] * (B / B[0]) ** -0.5, label="theory $B^{-1/2}$")
+        for values, color in ((to_mean_path, "tab:blue"), (stage2, "tab:orange")):
+            plots.theory_line(ax, B, values.mean(axis=1)[-1] * (B / B[-1]) ** -0.5, color=color,
+                              label="theory $B^{-1/2}$" if color == "tab:blue" else None)
         plots.finish(ax, f"Minibatch vs population after {horizon} steps", "batch size $B$",
-                     "distance to the population run", logx=True, logy=True)
-        plots.legend_below(ax, ncols=2)
+                     "distance (mean over seeds, ±2 SE)", logx=True, logy=True)
+        plots.legend_below(ax)
         return fig
 
     ids = {"Stage 1": "stage1", "Stage 2 (λ > 0)": "stage2"}
+    worst = np.unravel_index(np.argmax(np.abs(drift_t)), drift_t.shape)
     return Outcome(
         measured={f"{ids[name]}_exponent": fit.estimate for name, fit in fits.items()}
-        | {f"{ids[name]}_interval": f"[{fit.low:.2f}, {fit.high:.2f}]" for name, fit in fits.items()},
-        predicted={"stage1_exponent": -0.5, "stage2_exponent": "<= −0.5"},
+        | {f"{ids[name]}_interval": f"[{fit.low:.2f}, {fit.high:.2f}]" for name, fit in fits.items()}
+        | {"stage1_line_exponent": line_fit.estimate, "drift_max_abs_t": float(np.abs(drift_t).max())},
+        predicted={"stage1_exponent": -0.5, "stage2_exponent": "<= −0.5", "drift_max_abs_t": f"< {drift_bound:.2f}"},
         labels={f"{ids[name]}_exponent": f"{name} exponent in B" for name in fits}
-        | {f"{ids[name]}_interval": f"{name} {EXPONENT_LEVEL:.1%} interval" for name in fits},
-        # Stage 1: a two-sided interval; Stage 2: its lower end only (one-sided, at the boundary −1/2)
-        false_fail_rate=(1 - EXPONENT_LEVEL) + (1 - EXPONENT_LEVEL) / 2,
+        | {f"{ids[name]}_interval": f"{name} {EXPONENT_LEVEL:.1%} interval" for name in fits}
+        | {"stage1_line_exponent": "Stage 1 exponent of the distance from the line (drift included; reported)",
+           "drift_max_abs_t": "largest |t| of the seed-mean α against the band's mean path"},
+        # Stage 1: a two-sided interval; Stage 2: its lower end only (one-sided, at the boundary −1/2); the drift
+        false_fail_rate=(1 - EXPONENT_LEVEL) + (1 - EXPONENT_LEVEL) / 2 + DRIFT_RATE,
         tolerance=f"Stage 1: −1/2 inside the {EXPONENT_LEVEL:.1%} interval; Stage 2: the interval's lower end <= −1/2 "
-                  "(not significantly slower than B^{-1/2})",
-        basis=f"{fits['Stage 1'].method} ({seeds} independent seeds per batch size)",
-        passed=fits["Stage 1"].contains(-0.5) and fits["Stage 2 (λ > 0)"].low <= -0.5, figure=figure,
-        notes="Stage 2 decays faster than B^{-1/2} at large B (docs/scb.md §12 measured −0.57): the threshold zeroes the "
-              "noise on off-support entries once it falls below η_Qλ.",
-        details=[dict(batch=b, stage1=float(stage1[i].mean()), stage2=float(stage2[i].mean()))
+                  f"(not significantly slower than B^{{-1/2}}); drift: every |t| below {drift_bound:.2f} (worst: "
+                  f"B = {batches[worst[0]]}, α_{'VQ'[worst[1]]})",
+        basis=f"{fits['Stage 1'].method} ({seeds} independent seeds per batch size); drift: Student t with "
+              f"{seeds - 1} df, Bonferroni over {drift_t.size} tests at family-wise {DRIFT_RATE:g}; the mean path "
+              f"from {n_contexts} contexts",
+        passed=(fits["Stage 1"].contains(-0.5) and fits["Stage 2 (λ > 0)"].low <= -0.5
+                and bool(np.all(np.abs(drift_t) < drift_bound))), figure=figure,
+        notes="Measured from the population line itself, Stage 1's distance falls faster than B^{-1/2} at these "
+              "batches (stage1_line_exponent), because the O(1/B) drift is not yet negligible against the O(B^{-1/2}) "
+              "spread at B = 1000 (docs/scb.md §14). Stage 2 decays faster than B^{-1/2} at large B (docs/scb.md §12 "
+              "measured −0.57): the threshold zeroes the noise on off-support entries once it falls below η_Qλ.",
+        details=[dict(batch=b, stage1_to_line=float(to_line[i].mean()), stage1_to_mean_path=float(to_mean_path[i].mean()),
+                      line_alpha=[float(v) for v in line], mean_path_alpha=[float(v) for v in mean_path[i]],
+                      minibatch_alpha=[float(v) for v in alpha[i].mean(axis=0)],
+                      drift_t=[float(v) for v in drift_t[i]], stage2=float(stage2[i].mean()))
                  for i, b in enumerate(batches)])
 
 
@@ -936,8 +969,10 @@ def stats_norm_isf(p: float) -> float:
     statement="The diffusion tier in the reduced coordinates — the closure map of Lemmas C.5–C.6 driven by the exact "
               "per-sample noise — predicts Stage 1 on real minibatches: the mean off-line errors E‖ΔV‖²_μ, "
               "E‖ΔQ‖²_μ and the variances of α_V, α_Q over seeds, at each batch size and checkpoint.",
-    quick=dict(batches=(200, 800), runs=20, steps=40, n_contexts=4000),
-    full=dict(batches=(250, 1000, 4000), runs=64, steps=60, n_contexts=16_000),
+    # The band is leading order in 1/B: at B = 200 its O(1/B) bias (docs/scb.md §14) is 0.6–1.5 standard errors of a
+    # 20-run mean; from B = 800 on it is below a third of one.
+    quick=dict(batches=(800, 3200), runs=20, steps=40, n_contexts=4000),
+    full=dict(batches=(1000, 4000, 16000), runs=64, steps=60, n_contexts=16_000),
 )
 def noise_band_matches_minibatch(seed, batches, runs, steps, n_contexts):
     from scipy import stats as scipy_stats
