@@ -307,7 +307,7 @@ def _stage_sum(y, h, K, s, coefficients, acc, out):
 def _error_norm(y, y_new, h, K, acc, rtol, atol):
     """RMS of the embedded error estimate h Σ e_s K[s] in units of ``atol + rtol * max(|y|, |y_new|)``."""
     n = y.size
-    _weighted_stages(K, 7, _DP_E, acc)
+    _weighted_stages(K, K.shape[0], _DP_E, acc)  # K.shape[0] = 7, an int rather than a literal to specialise on
     total = 0.0
     for i in range(n):
         scale = atol + rtol * max(abs(y[i]), abs(y_new[i]))
@@ -320,7 +320,7 @@ def _dense_coefficients(y, y_new, h, K, acc, dense):
     """The four coefficient vectors of Hairer's order-4 DOPRI5 interpolant on the step [t, t + h] (rows of ``dense``):
     y(t + θh) = y + θ(c₀ + (1 − θ)(c₁ + θ(c₂ + (1 − θ)c₃)))."""
     n = y.size
-    _weighted_stages(K, 7, _DP_D, acc)
+    _weighted_stages(K, K.shape[0], _DP_D, acc)
     for i in range(n):
         ydiff = y_new[i] - y[i]
         bspl = h * K[0, i] - ydiff
@@ -375,11 +375,12 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             h = t_end - t
         if h <= tiny * max(abs(t), 1.0):
             return ys, _STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
-        for s in range(1, 6):
-            _stage_sum(y, h, K, s, _DP_A[s], acc, y_stage)
-            _evaluate(rhs, t + _DP_C[s] * h, y_stage, params, K[s])
-        _stage_sum(y, h, K, 6, _DP_A[6], acc, y_new)  # the 5th-order solution (row 7 of the tableau)
-        _evaluate(rhs, t + h, y_new, params, K[6])    # first same as last
+        for s in range(1, 7):
+            # row 7 of the tableau is the 5th-order solution (c = 1), and its derivative is the next step's first
+            # stage (first same as last); one call site per helper keeps each compiled once, for a plain int s
+            stage = y_new if s == 6 else y_stage
+            _stage_sum(y, h, K, s, _DP_A[s], acc, stage)
+            _evaluate(rhs, t + _DP_C[s] * h, stage, params, K[s])
         n_evals += 6
         err = _error_norm(y, y_new, h, K, acc, rtol, atol)
         if not np.isfinite(err):
@@ -713,13 +714,14 @@ def solve_dopri5(
         If ``rhs`` is not a numba function of one of the two forms.
     """
     # The shapes here, the values in one compiled pass (numpy's checks cost more than a small solve).
-    y0 = np.ascontiguousarray(y0, dtype=np.float64)
+    # Fresh writable copies: a read-only input would be a second argument type, and so a second compile of the loop.
+    y0 = np.array(y0, dtype=np.float64)
     if y0.ndim != 1 or y0.size == 0:
         raise ValueError(f"y0 must be a non-empty 1-D array, got shape {y0.shape}")
-    params = np.zeros(0) if params is None else np.ascontiguousarray(params, dtype=np.float64)
+    params = np.zeros(0) if params is None else np.array(params, dtype=np.float64)
     if params.ndim != 1:
         raise ValueError(f"params must be a flat 1-D float array, got shape {params.shape}")
-    t_eval = np.ascontiguousarray(t_eval, dtype=np.float64)
+    t_eval = np.array(t_eval, dtype=np.float64)
     if t_eval.ndim != 1 or t_eval.size == 0:
         raise ValueError("t_eval must be a non-empty, finite 1-D array")
     problem = _first_input_problem(y0, t_eval, params)
