@@ -387,7 +387,9 @@ def loss_and_gradient(problem: NTPProblem, W, *, mask=None) -> dict:
         if mask.shape != l.shape or not np.all(mask[problem.label_mask > 0]):
             raise ValueError(f"mask must be an (n, T) bool array that keeps every label position")
         l = np.where(mask, l, -np.inf)
-    D, c, loss, log_loss, _ = log_scaled_logit_gradient(l, problem.label_mask, np.ones(problem.n), LOG_LOSS_CODE)
+    # a writable copy of the mask: the compiled kernel's signature is then the one dynamics.next_token_scc uses
+    D, c, loss, log_loss, _ = log_scaled_logit_gradient(l, np.array(problem.label_mask), np.ones(problem.n),
+                                                        LOG_LOSS_CODE)
     D = D * np.exp(c) if np.isfinite(c) else np.zeros_like(D)
     GZ = np.zeros((problem.K, problem.K))
     np.add.at(GZ, (problem.ids, np.broadcast_to(problem.last[:, None], problem.ids.shape)), D)

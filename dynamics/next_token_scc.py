@@ -58,6 +58,12 @@ def _pull_back(E, D, ids, last):
     return E.T @ GZ @ E
 
 
+# Kernels are written with scalar loops rather than array expressions and numpy reductions: the loops compile several
+# times faster and do the same floating-point operations in the same order (numba's sum and max are left-to-right).
+# The shared log-scaled kernel gets its loss code as np.int64 (a bare global would be typed as a literal and compile
+# one specialisation per code) and writable arrays, so every call here shares one compiled version.
+
+
 @njit(cache=True)
 def _train_kernel(E, ids, last, label_mask, W0, eta, steps, normalise, record):
     n = ids.shape[0]
@@ -67,13 +73,19 @@ def _train_kernel(E, ids, last, label_mask, W0, eta, steps, normalise, record):
     losses = np.empty(R)
     log_losses = np.empty(R)
     ones = np.ones(n)
-    W = W0.copy()
+    code = np.int64(LOG_LOSS_CODE)
+    W = np.empty((d, d))
+    for p in range(d):
+        for q in range(d):
+            W[p, q] = W0[p, q]
     r = 0
     for k in range(steps + 1):
         logit = _logits(E, W, ids, last)
-        D, c, loss, log_loss, _ = log_scaled_logit_gradient(logit, label_mask, ones, LOG_LOSS_CODE)
+        D, c, loss, log_loss, _ = log_scaled_logit_gradient(logit, label_mask, ones, code)
         if r < R and record[r] == k:
-            Ws[r] = W
+            for p in range(d):
+                for q in range(d):
+                    Ws[r, p, q] = W[p, q]
             losses[r] = loss
             log_losses[r] = log_loss
             r += 1
@@ -81,14 +93,25 @@ def _train_kernel(E, ids, last, label_mask, W0, eta, steps, normalise, record):
             break
         g = _pull_back(E, D, ids, last)
         if normalise:
-            gn = np.sqrt(np.sum(g * g))
+            gn = 0.0
+            for p in range(d):
+                for q in range(d):
+                    gn += g[p, q] * g[p, q]
+            gn = np.sqrt(gn)
             if gn == 0.0:
                 return Ws, losses, log_losses, 2, k
-            W = W - eta * g / gn
+            for p in range(d):
+                for q in range(d):
+                    W[p, q] = W[p, q] - eta * g[p, q] / gn
         else:
-            W = W - eta * np.exp(c) * g
-        if not np.all(np.isfinite(W)):
-            return Ws, losses, log_losses, 1, k + 1
+            step = eta * np.exp(c)
+            for p in range(d):
+                for q in range(d):
+                    W[p, q] = W[p, q] - step * g[p, q]
+        for p in range(d):
+            for q in range(d):
+                if not np.isfinite(W[p, q]):
+                    return Ws, losses, log_losses, 1, k + 1
     return Ws, losses, log_losses, 0, steps
 
 
@@ -103,41 +126,82 @@ def _general_head_kernel(E, ids, last, labels, W0, eta, steps, record):
     Ws = np.empty((R, d, d))
     losses = np.empty(R)
     ones = np.ones(n)
-    W = W0.copy()
+    code = np.int64(LINEAR_LOSS_CODE)
+    W = np.empty((d, d))
+    for p in range(d):
+        for q in range(d):
+            W[p, q] = W0[p, q]
     r = 0
     a = np.empty((n, T))
+    s = np.empty(T)
+    h = np.empty(K)
+    prob = np.empty(K)
+    u = np.empty(K)
     for k in range(steps + 1):
         logit = _logits(E, W, ids, last)
         loss = 0.0
         for i in range(n):
-            s = np.exp(logit[i] - logit[i].max())
-            s /= s.sum()
-            h = np.zeros(K)
+            m = logit[i, 0]  # the row max, NaN-propagating like numba's .max()
+            for t in range(1, T):
+                if logit[i, t] > m or np.isnan(logit[i, t]):
+                    m = logit[i, t]
+            total = 0.0
             for t in range(T):
-                h += s[t] * Gram[:, ids[i, t]]
-            p = np.exp(h - h.max())
-            p /= p.sum()
-            py = p[labels[i]]
+                s[t] = np.exp(logit[i, t] - m)
+                total += s[t]
+            for t in range(T):
+                s[t] /= total
+            for b in range(K):
+                h[b] = 0.0
+            for t in range(T):
+                for b in range(K):
+                    h[b] += s[t] * Gram[b, ids[i, t]]
+            m = h[0]
+            for b in range(1, K):
+                if h[b] > m or np.isnan(h[b]):
+                    m = h[b]
+            total = 0.0
+            for b in range(K):
+                prob[b] = np.exp(h[b] - m)
+                total += prob[b]
+            for b in range(K):
+                prob[b] /= total
+            py = prob[labels[i]]
             loss += (1.0 - py) ** 2 / n
-            u = 2.0 * (1.0 - py) * py * p  # −dloss/dh off the label …
-            u[labels[i]] -= 2.0 * (1.0 - py) * py  # … and on it
+            coef = 2.0 * (1.0 - py) * py
+            for b in range(K):
+                u[b] = coef * prob[b]  # −dloss/dh off the label …
+            u[labels[i]] -= coef  # … and on it
             for t in range(T):
                 # token value for the shared kernel's linear loss ℓ(f) = −f: minus dloss/ds_it
-                a[i, t] = -np.sum(u * Gram[:, ids[i, t]])
-        D, c, _, _, _ = log_scaled_logit_gradient(logit, a, ones, LINEAR_LOSS_CODE)
+                acc = 0.0
+                for b in range(K):
+                    acc += u[b] * Gram[b, ids[i, t]]
+                a[i, t] = -acc
+        D, c, _, _, _ = log_scaled_logit_gradient(logit, a, ones, code)
         if r < R and record[r] == k:
-            Ws[r] = W
+            for p in range(d):
+                for q in range(d):
+                    Ws[r, p, q] = W[p, q]
             losses[r] = loss
             r += 1
         if k == steps:
             break
         g = _pull_back(E, D, ids, last)
-        gn = np.sqrt(np.sum(g * g))
+        gn = 0.0
+        for p in range(d):
+            for q in range(d):
+                gn += g[p, q] * g[p, q]
+        gn = np.sqrt(gn)
         if gn == 0.0:
             return Ws, losses, 2, k
-        W = W - eta * g / gn
-        if not np.all(np.isfinite(W)):
-            return Ws, losses, 1, k + 1
+        for p in range(d):
+            for q in range(d):
+                W[p, q] = W[p, q] - eta * g[p, q] / gn
+        for p in range(d):
+            for q in range(d):
+                if not np.isfinite(W[p, q]):
+                    return Ws, losses, 1, k + 1
     return Ws, losses, 0, steps
 
 
@@ -170,7 +234,8 @@ def train(problem: NTPProblem, W0, *, eta: float = 1.0, steps: int = 2000, norma
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     record = _record(steps, records, record)
     W0 = check.finite_array(W0, "W0", shape=(problem.d, problem.d))
-    Ws, loss, log_loss, status, step = _train_kernel(problem.E, problem.ids, problem.last, problem.label_mask,
+    Ws, loss, log_loss, status, step = _train_kernel(problem.E, problem.ids, problem.last,
+                                                     np.array(problem.label_mask),  # writable: see the kernels
                                                      W0.copy(), eta, int(record[-1]), bool(normalise), record)
     info = _status(status, step, "normalised GD" if normalise else "GD")
     kept = record <= info["stopped_at"]
