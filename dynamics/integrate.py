@@ -78,6 +78,7 @@ _NONFINITE = 1
 _BLOWUP = 2
 _MAX_STEPS = 3
 _STEP_TOO_SMALL = 4
+_WRONG_SIZE = 5  # a map returned a state of another size than x0
 
 # Step-size controller constants (scipy.integrate uses the same values).
 SAFETY = 0.9
@@ -156,10 +157,13 @@ def _state_status(y, blowup):
 def rk4_loop(rhs, y0, t0, dt, n_steps, record_steps, params, blowup):
     """Fixed-step RK4; records the state after each step listed in ``record_steps`` (sorted, may hold 0)."""
     ys = np.empty((record_steps.size, y0.size))
-    y = y0.copy()
+    y = np.empty(y0.size)
+    for i in range(y0.size):  # element loops, not copies or row assignments: those compile numba's shape checks
+        y[i] = y0[i]
     j = 0
     while j < record_steps.size and record_steps[j] == 0:
-        ys[j] = y
+        for i in range(y.size):
+            ys[j, i] = y[i]
         j += 1
     for step in range(1, n_steps + 1):
         t = t0 + (step - 1) * dt
@@ -172,7 +176,8 @@ def rk4_loop(rhs, y0, t0, dt, n_steps, record_steps, params, blowup):
         if status != _OK:
             return ys, status, step
         while j < record_steps.size and record_steps[j] == step:
-            ys[j] = y
+            for i in range(y.size):
+                ys[j, i] = y[i]
             j += 1
     return ys, _OK, n_steps
 
@@ -181,18 +186,24 @@ def rk4_loop(rhs, y0, t0, dt, n_steps, record_steps, params, blowup):
 def map_loop(step_map, x0, n_steps, record_steps, params, blowup):
     """Iterates ``x <- step_map(k, x, params)`` for k = 0..n_steps-1; records after the listed steps."""
     xs = np.empty((record_steps.size, x0.size))
-    x = x0.copy()
+    x = np.empty(x0.size)
+    for i in range(x0.size):  # element loops, not copies or row assignments: those compile numba's shape checks
+        x[i] = x0[i]
     j = 0
     while j < record_steps.size and record_steps[j] == 0:
-        xs[j] = x
+        for i in range(x.size):
+            xs[j, i] = x[i]
         j += 1
     for k in range(n_steps):
         x = step_map(k, x, params)
+        if x.size != xs.shape[1]:
+            return xs, _WRONG_SIZE, k + 1
         status = _state_status(x, blowup)
         if status != _OK:
             return xs, status, k + 1
         while j < record_steps.size and record_steps[j] == k + 1:
-            xs[j] = x
+            for i in range(x.size):
+                xs[j, i] = x[i]
             j += 1
     return xs, _OK, n_steps
 
@@ -603,6 +614,8 @@ def _raise_if_diverged(status: int, step: int, where: str) -> None:
         raise DivergenceError(f"diverged at step {step}{where}: the state is no longer finite (NaN/inf)")
     if status == _BLOWUP:
         raise DivergenceError(f"diverged at step {step}{where}: the state exceeds the blow-up bound")
+    if status == _WRONG_SIZE:
+        raise ValueError(f"step_map returned a state of another size than x0 at step {step}{where}")
 
 
 def solve_rk4(

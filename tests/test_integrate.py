@@ -196,6 +196,16 @@ def doubling_map(k, x, p):
     return 2.0 * x
 
 
+@njit
+def growing_map(k, x, p):
+    return np.concatenate((x, x))
+
+
+def test_iterate_map_refuses_a_map_that_changes_the_state_size():
+    with pytest.raises(ValueError, match="another size than x0 at step 1"):
+        iterate_map(growing_map, [1.0, 2.0], 3)
+
+
 def test_iterate_map_fixed_point_and_recording():
     sol = iterate_map(logistic_map, [0.2], 200, [2.5], record_steps=[0, 1, 200])
     np.testing.assert_allclose(sol.t, [0, 1, 200])
