@@ -401,14 +401,20 @@ def _population_map_kernel(V, Q, P, Q_star, mu, eta_V, eta_Q, lam):
     for i in range(N):
         for j in range(N):
             V_new[i, j] = V[i, j] - eta_V * (a * (V[i, j] - Vmu[i]) - b * (P[i, j] - mu[i]))
-    u = Q.sum(axis=0)
-    tilde = np.empty_like(Q)
-    for t in range(T):
-        for k in range(N):
-            tilde[t, k] = Q[t, k] - eta_Q * (A_V * (Q[t, k] - u[k] / T) - B_V * (Q_star[t, k] - 1.0 / T))
-    Q_new = soft_threshold(tilde, eta_Q * lam)
+    # Column sums, the threshold and the projection in scalar loops (the order of numpy's sums; they compile faster).
+    theta = eta_Q * lam
+    Q_new = np.empty((T, N))
     for k in range(N):
-        shift = (1.0 - Q_new[:, k].sum()) / T
+        u = 0.0
+        for t in range(T):
+            u += Q[t, k]
+        column = 0.0
+        for t in range(T):
+            v = Q[t, k] - eta_Q * (A_V * (Q[t, k] - u / T) - B_V * (Q_star[t, k] - 1.0 / T))
+            v = v - theta if v > theta else (v + theta if v < -theta else 0.0)  # S_θ
+            Q_new[t, k] = v
+            column += v
+        shift = (1.0 - column) / T
         for t in range(T):
             Q_new[t, k] += shift
     return V_new, Q_new
