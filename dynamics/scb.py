@@ -74,10 +74,12 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     G_Qt = np.zeros((N, T))  # ∇_Q transposed: row k is the column of query k
     raw_Qt = np.zeros((N, T))
     Vt = V.T
-    Qt = np.ascontiguousarray(Q.T)  # row k is q⁽ᵏ⁾, read contiguously
+    # Scalar loops rather than array expressions throughout: the same arithmetic, compiled several times faster.
+    Qt = np.empty((N, T))  # row k is q⁽ᵏ⁾, read contiguously
     column_sums = np.zeros(N)  # 1ᵀy_b = Σ_t q_t⁽ᵏ⁾
     for k in range(N):
         for t in range(T):
+            Qt[k, t] = Q[t, k]
             column_sums[k] += Qt[k, t]
     loss = 0.0
     done = 0
@@ -108,7 +110,9 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
                 loss += 0.5 * r[i] * r[i]
                 dense_r[i] += total * r[i]
         np.dot(R[:c].T, Y[:c], product)
-        RtY += product
+        for i in range(N):
+            for j in range(N):
+                RtY[i, j] += product[i, j]
         np.dot(R[:c], V, W[:c])  # w_bᵀ = r_bᵀ V as rows
         for b in range(c):
             x, w, k = X[b], W[b], ks[b]
@@ -127,12 +131,17 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
                 y[x[t]] = 0.0
         done += c
     G_V = np.empty((N, N))
+    raw_V = np.empty((N, N))
     for i in range(N):
         for j in range(N):
             G_V[i, j] = (dense_r[i] - RtY[i, j] / mu[j]) / batch
-    G_Q = np.ascontiguousarray(G_Qt.T) / batch
-    raw_V = -RtY / batch
-    raw_Q = np.ascontiguousarray(raw_Qt.T) / batch
+            raw_V[i, j] = -RtY[i, j] / batch
+    G_Q = np.empty((T, N))
+    raw_Q = np.empty((T, N))
+    for t in range(T):
+        for k in range(N):
+            G_Q[t, k] = G_Qt[k, t] / batch
+            raw_Q[t, k] = raw_Qt[k, t] / batch
     return loss / batch, G_V, G_Q, raw_V, raw_Q
 
 
@@ -207,14 +216,19 @@ def _stage_kernel(V, Q, mu, tables, state, P, Q_star, K_P, K_Q, eta_V, eta_Q, la
     or −1): a step fails when an entry of V or Q is non-finite or beyond ``blowup`` in size."""
     N, T = V.shape[0], Q.shape[0]
     n_rec = steps // record_every + 2
-    rec = np.full((n_rec, 10), np.nan)
+    rec = np.empty((n_rec, 10))
+    for i in range(n_rec):
+        for m in range(10):
+            rec[i, m] = np.nan
     j = 0
     theta = eta_Q * lam
     violations = 0
     for step in range(steps + 1):
         if step % record_every == 0 or step == steps:
             rec[j, 0] = step
-            rec[j, 1:8] = _metrics(V, Q, mu, P, Q_star, K_P, K_Q)
+            metrics = _metrics(V, Q, mu, P, Q_star, K_P, K_Q)
+            for m in range(7):
+                rec[j, 1 + m] = metrics[m]
             rec[j, 9] = _normalised_distance(Q, mu, Q_star, rec[j, 2])
             j += 1
         if step == steps:
