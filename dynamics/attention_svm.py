@@ -21,7 +21,7 @@ from scipy import optimize
 from attnflow import seeding
 from attnflow.closed_forms import attention_svm as cf
 from attnflow.closed_forms import checks as check
-from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_logit_gradient
+from attnflow.closed_forms.attention_svm import AttentionSVMProblem, _max, log_scaled_logit_gradient
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
@@ -37,6 +37,12 @@ def record_steps(steps: int, records: int = 60) -> np.ndarray:
     return log_spaced_steps(steps, records)
 
 
+# The kernels spell out copies, norms, softmaxes and vector updates as scalar loops, in the order of numba's array
+# API (so the numbers are the same bit for bit): numba compiles array expressions and numpy calls several times more
+# slowly. The matrix products stay BLAS calls (a loop would round differently), written np.dot(A, B, out): ``A @ B``
+# is that same call on a fresh ``out``, but compiles about three times more slowly.
+
+
 @njit(cache=True)
 def _linear_kernel(phi, a, Y, loss_code, theta0, eta, steps, normalise, record):
     n, T, P = phi.shape
@@ -45,8 +51,11 @@ def _linear_kernel(phi, a, Y, loss_code, theta0, eta, steps, normalise, record):
     norms = np.empty(R)
     unsats = np.empty(R)
     losses = np.empty(R)
-    theta = theta0.copy()
+    theta = np.empty(P)
+    for q in range(P):
+        theta[q] = theta0[q]
     logit = np.empty((n, T))
+    g = np.empty(P)
     r = 0
     for k in range(steps + 1):
         for i in range(n):
@@ -57,85 +66,137 @@ def _linear_kernel(phi, a, Y, loss_code, theta0, eta, steps, normalise, record):
                 logit[i, t] = s
         D, c, loss, _, unsat = log_scaled_logit_gradient(logit, a, Y, loss_code)
         if r < R and record[r] == k:
-            thetas[r] = theta
-            norms[r] = np.sqrt(np.sum(theta * theta))
+            s = 0.0
+            for q in range(P):
+                thetas[r, q] = theta[q]
+                s += theta[q] * theta[q]
+            norms[r] = np.sqrt(s)
             unsats[r] = unsat
             losses[r] = loss
             r += 1
         if k == steps:
             break
-        g = np.zeros(P)
+        for q in range(P):
+            g[q] = 0.0
         for i in range(n):
             for t in range(T):
                 if D[i, t] != 0.0:
                     for q in range(P):
                         g[q] += D[i, t] * phi[i, t, q]
         if normalise:
-            gn = np.sqrt(np.sum(g * g))
+            s = 0.0
+            for q in range(P):
+                s += g[q] * g[q]
+            gn = np.sqrt(s)
             if gn == 0.0:
                 return thetas, norms, unsats, losses, 2, k
-            theta -= eta * g / gn
+            for q in range(P):
+                theta[q] -= eta * g[q] / gn
         else:
-            theta -= eta * np.exp(c) * g
-        if not np.all(np.isfinite(theta)):
-            return thetas, norms, unsats, losses, 1, k + 1
+            scale = eta * np.exp(c)
+            for q in range(P):
+                theta[q] -= scale * g[q]
+        for q in range(P):
+            if not np.isfinite(theta[q]):
+                return thetas, norms, unsats, losses, 1, k + 1
     return thetas, norms, unsats, losses, 0, steps
 
 
 @njit(cache=True)
 def _kq_kernel(X, Z, a, Y, loss_code, K0, Q0, eta, steps, joint, record):
     n, T, d = X.shape
+    m = K0.shape[1]
     R = record.size
     Ws = np.empty((R, d, d))
     knorm = np.empty(R)
     qnorm = np.empty(R)
     unsats = np.empty(R)
     losses = np.empty(R)
-    K = K0.copy()
-    Q = Q0.copy()
+    K = np.empty((d, m))
+    Q = np.empty((d, m))
+    for p in range(d):
+        for q in range(m):
+            K[p, q] = K0[p, q]
+            Q[p, q] = Q0[p, q]
+    W = np.empty((d, d))
+    Wz = np.empty(d)
+    logit = np.empty((n, T))
+    G = np.empty((d, d))
+    xd = np.empty(d)
+    gK = np.empty((d, m))
+    gQ = np.empty((d, m))
     r = 0
     for k in range(steps + 1):
-        W = K @ Q.T
-        logit = np.empty((n, T))
+        np.dot(K, Q.T, W)  # W = K Q^T
         for i in range(n):
-            Wz = W @ Z[i]
+            np.dot(W, Z[i], Wz)
             for t in range(T):
-                logit[i, t] = np.sum(X[i, t] * Wz)
+                s = 0.0
+                for q in range(d):
+                    s += X[i, t, q] * Wz[q]
+                logit[i, t] = s
         D, c, loss, _, unsat = log_scaled_logit_gradient(logit, a, Y, loss_code)
         if r < R and record[r] == k:
-            Ws[r] = W
-            knorm[r] = np.sqrt(np.sum(K * K))
-            qnorm[r] = np.sqrt(np.sum(Q * Q))
+            for p in range(d):
+                for q in range(d):
+                    Ws[r, p, q] = W[p, q]
+            sK = 0.0
+            sQ = 0.0
+            for p in range(d):
+                for q in range(m):
+                    sK += K[p, q] * K[p, q]
+                    sQ += Q[p, q] * Q[p, q]
+            knorm[r] = np.sqrt(sK)
+            qnorm[r] = np.sqrt(sQ)
             unsats[r] = unsat
             losses[r] = loss
             r += 1
         if k == steps:
             break
-        G = np.zeros((d, d))  # ∇_W L up to the factor e^c: Σ_i (X_i^T D_i) z_i^T
+        # ∇_W L up to the factor e^c: G = Σ_i (X_i^T D_i) z_i^T
+        for p in range(d):
+            for q in range(d):
+                G[p, q] = 0.0
         for i in range(n):
-            xd = X[i].T @ D[i]
+            np.dot(X[i].T, D[i], xd)
             for p in range(d):
                 for q in range(d):
                     G[p, q] += xd[p] * Z[i, q]
-        gK = G @ Q
-        gQ = G.T @ K
-        nK = np.sqrt(np.sum(gK * gK))
-        nQ = np.sqrt(np.sum(gQ * gQ))
+        np.dot(G, Q, gK)
+        np.dot(G.T, K, gQ)
+        sK = 0.0
+        sQ = 0.0
+        for p in range(d):
+            for q in range(m):
+                sK += gK[p, q] * gK[p, q]
+        for p in range(d):
+            for q in range(m):
+                sQ += gQ[p, q] * gQ[p, q]
+        nK = np.sqrt(sK)
+        nQ = np.sqrt(sQ)
         if joint:
             both = np.sqrt(nK * nK + nQ * nQ)
             if both == 0.0:
                 return Ws, knorm, qnorm, unsats, losses, 2, k
-            K = K - eta * gK / both
-            Q = Q - eta * gQ / both
+            for p in range(d):
+                for q in range(m):
+                    K[p, q] -= eta * gK[p, q] / both
+                    Q[p, q] -= eta * gQ[p, q] / both
         else:
             if nK > 0.0:
-                K = K - eta * gK / nK
+                for p in range(d):
+                    for q in range(m):
+                        K[p, q] -= eta * gK[p, q] / nK
             if nQ > 0.0:
-                Q = Q - eta * gQ / nQ
+                for p in range(d):
+                    for q in range(m):
+                        Q[p, q] -= eta * gQ[p, q] / nQ
             if nK == 0.0 and nQ == 0.0:
                 return Ws, knorm, qnorm, unsats, losses, 2, k
-        if not (np.all(np.isfinite(K)) and np.all(np.isfinite(Q))):
-            return Ws, knorm, qnorm, unsats, losses, 1, k + 1
+        for p in range(d):
+            for q in range(m):
+                if not (np.isfinite(K[p, q]) and np.isfinite(Q[p, q])):
+                    return Ws, knorm, qnorm, unsats, losses, 1, k + 1
     return Ws, knorm, qnorm, unsats, losses, 0, steps
 
 
@@ -152,21 +213,38 @@ def _relu_head_kernel(X, Z, V, Y, loss_code, W0, eta, steps, record):
     XV = np.empty((n, T, m))
     for i in range(n):
         for t in range(T):
-            XV[i, t] = X[i, t] @ V
-    W = W0.copy()
+            np.dot(X[i, t], V, XV[i, t])
+    W = np.empty((d, d))
+    for p in range(d):
+        for q in range(d):
+            W[p, q] = W0[p, q]
+    Wz = np.empty(d)
     logit = np.empty((n, T))
     a = np.empty((n, T))
+    e = np.empty(T)
+    h = np.empty(m)
+    G = np.empty((d, d))
+    xd = np.empty(d)
     r = 0
     for k in range(steps + 1):
         for i in range(n):
-            Wz = W @ Z[i]
+            np.dot(W, Z[i], Wz)
             for t in range(T):
-                logit[i, t] = np.sum(X[i, t] * Wz)
-            e = np.exp(logit[i] - logit[i].max())
-            s = e / e.sum()
-            h = np.zeros(m)
+                acc = 0.0
+                for q in range(d):
+                    acc += X[i, t, q] * Wz[q]
+                logit[i, t] = acc
+            mx = _max(logit[i])
+            total = 0.0
             for t in range(T):
-                h += s[t] * XV[i, t]
+                e[t] = np.exp(logit[i, t] - mx)
+                total += e[t]
+            for j in range(m):
+                h[j] = 0.0
+            for t in range(T):
+                s_t = e[t] / total
+                for j in range(m):
+                    h[j] += s_t * XV[i, t, j]
             for t in range(T):
                 acc = 0.0
                 for j in range(m):
@@ -175,24 +253,36 @@ def _relu_head_kernel(X, Z, V, Y, loss_code, W0, eta, steps, record):
                 a[i, t] = acc
         D, c, loss, _, unsat = log_scaled_logit_gradient(logit, a, Y, loss_code)
         if r < R and record[r] == k:
-            Ws[r] = W
+            for p in range(d):
+                for q in range(d):
+                    Ws[r, p, q] = W[p, q]
             unsats[r] = unsat
             losses[r] = loss
             r += 1
         if k == steps:
             break
-        G = np.zeros((d, d))
+        for p in range(d):
+            for q in range(d):
+                G[p, q] = 0.0
         for i in range(n):
-            xd = X[i].T @ D[i]
+            np.dot(X[i].T, D[i], xd)
             for p in range(d):
                 for q in range(d):
                     G[p, q] += xd[p] * Z[i, q]
-        gn = np.sqrt(np.sum(G * G))
+        sG = 0.0
+        for p in range(d):
+            for q in range(d):
+                sG += G[p, q] * G[p, q]
+        gn = np.sqrt(sG)
         if gn == 0.0:
             return Ws, unsats, losses, 2, k
-        W = W - eta * G / gn
-        if not np.all(np.isfinite(W)):
-            return Ws, unsats, losses, 1, k + 1
+        for p in range(d):
+            for q in range(d):
+                W[p, q] -= eta * G[p, q] / gn
+        for p in range(d):
+            for q in range(d):
+                if not np.isfinite(W[p, q]):
+                    return Ws, unsats, losses, 1, k + 1
     return Ws, unsats, losses, 0, steps
 
 
@@ -204,59 +294,89 @@ def _joint_kernel(X, keys, Y, loss_code, p0, v0, eta, steps, record):
     vs = np.empty((R, d))
     unsats = np.empty(R)
     losses = np.empty(R)
-    p = p0.copy()
-    v = v0.copy()
+    p = np.empty(d)
+    v = np.empty(d)
+    for q in range(d):
+        p[q] = p0[q]
+        v[q] = v0[q]
+    logit = np.empty((n, T))
+    a = np.empty((n, T))
+    gp = np.empty(d)
+    gv = np.empty(d)
+    lw = np.empty(n)
+    sm = np.empty((n, T))
     r = 0
     for k in range(steps + 1):
-        logit = np.empty((n, T))
-        a = np.empty((n, T))
         for i in range(n):
             for t in range(T):
-                logit[i, t] = np.sum(keys[i, t] * p)
-                a[i, t] = np.sum(X[i, t] * v)
+                sl = 0.0
+                sa = 0.0
+                for q in range(d):
+                    sl += keys[i, t, q] * p[q]
+                    sa += X[i, t, q] * v[q]
+                logit[i, t] = sl
+                a[i, t] = sa
         D, c, loss, _, unsat = log_scaled_logit_gradient(logit, a, Y, loss_code)
         if r < R and record[r] == k:
-            ps[r] = p
-            vs[r] = v
+            for q in range(d):
+                ps[r, q] = p[q]
+                vs[r, q] = v[q]
             unsats[r] = unsat
             losses[r] = loss
             r += 1
         if k == steps:
             break
-        gp = np.zeros(d)
+        for q in range(d):
+            gp[q] = 0.0
         for i in range(n):
             for t in range(T):
-                gp += D[i, t] * keys[i, t]
+                for q in range(d):
+                    gp[q] += D[i, t] * keys[i, t, q]
         # ∇_v L = (1/n) Σ ℓ'(u_i) Y_i X_i^T s_i, with |ℓ'(u_i)| in log scale (§2.3)
-        lw = np.empty(n)
-        sm = np.empty((n, T))
         for i in range(n):
-            m = logit[i].max()
-            e = np.exp(logit[i] - m)
-            sm[i] = e / e.sum()
-            u = Y[i] * np.sum(sm[i] * a[i])
+            m = _max(logit[i])
+            total = 0.0
+            for t in range(T):
+                sm[i, t] = np.exp(logit[i, t] - m)
+                total += sm[i, t]
+            f = 0.0
+            for t in range(T):
+                sm[i, t] = sm[i, t] / total
+                f += sm[i, t] * a[i, t]
+            u = Y[i] * f
             if loss_code == 0:
                 lw[i] = -np.logaddexp(0.0, u)
             elif loss_code == 1:
                 lw[i] = 0.0
             else:
                 lw[i] = -u
-        cv = lw.max()
-        gv = np.zeros(d)
+        cv = _max(lw)
+        for q in range(d):
+            gv[q] = 0.0
         for i in range(n):
             w = -Y[i] * np.exp(lw[i] - cv) / n
             for t in range(T):
-                gv += w * sm[i, t] * X[i, t]
-        npn = np.sqrt(np.sum(gp * gp))
-        nvn = np.sqrt(np.sum(gv * gv))
+                ws = w * sm[i, t]
+                for q in range(d):
+                    gv[q] += ws * X[i, t, q]
+        sp = 0.0
+        sv = 0.0
+        for q in range(d):
+            sp += gp[q] * gp[q]
+            sv += gv[q] * gv[q]
+        npn = np.sqrt(sp)
+        nvn = np.sqrt(sv)
         if npn > 0.0:
-            p = p - eta * gp / npn
+            for q in range(d):
+                p[q] -= eta * gp[q] / npn
         if nvn > 0.0:
-            v = v - eta * gv / nvn
+            for q in range(d):
+                v[q] -= eta * gv[q] / nvn
         if npn == 0.0 and nvn == 0.0:
             return ps, vs, unsats, losses, 2, k
-        if not (np.all(np.isfinite(p)) and np.all(np.isfinite(v))):
-            return ps, vs, unsats, losses, 1, k + 1
+        for q in range(d):
+            if not (np.isfinite(p[q]) and np.isfinite(v[q])):
+                return ps, vs, unsats, losses, 1, k + 1
     return ps, vs, unsats, losses, 0, steps
 
 
