@@ -530,7 +530,7 @@ def corr(A, B) -> float:
 
 
 @njit(cache=True)
-def _max(x):
+def max_propagating_nan(x):
     """``x.max()`` of a non-empty 1-d array, NaN propagating as in NumPy, as a plain loop (numba compiles the
     reduction API much more slowly)."""
     m = x[0]
@@ -563,7 +563,7 @@ def log_scaled_logit_gradient(logit, a, Y, loss_code):
     unsat = 0.0
     for i in range(n):
         log_miss[i] = -np.inf
-        m = _max(logit[i])
+        m = max_propagating_nan(logit[i])
         total = 0.0
         for t in range(T):
             total += np.exp(logit[i, t] - m)
@@ -624,7 +624,7 @@ def log_scaled_logit_gradient(logit, a, Y, loss_code):
                 logl[i] = np.log(ell[i]) if ell[i] > 1e-300 else log_miss[i]
             else:
                 logl[i] = -u[i]
-        mx = _max(logl)
+        mx = max_propagating_nan(logl)
         if mx == -np.inf:  # every sample's loss is exactly 0
             log_loss = -np.inf
         else:

@@ -21,7 +21,7 @@ from scipy import optimize
 from attnflow import seeding
 from attnflow.closed_forms import attention_svm as cf
 from attnflow.closed_forms import checks as check
-from attnflow.closed_forms.attention_svm import AttentionSVMProblem, _max, log_scaled_logit_gradient
+from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_logit_gradient, max_propagating_nan
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
@@ -234,7 +234,7 @@ def _relu_head_kernel(X, Z, V, Y, loss_code, W0, eta, steps, record):
                 for q in range(d):
                     acc += X[i, t, q] * Wz[q]
                 logit[i, t] = acc
-            mx = _max(logit[i])
+            mx = max_propagating_nan(logit[i])
             total = 0.0
             for t in range(T):
                 e[t] = np.exp(logit[i, t] - mx)
@@ -334,7 +334,7 @@ def _joint_kernel(X, keys, Y, loss_code, p0, v0, eta, steps, record):
                     gp[q] += D[i, t] * keys[i, t, q]
         # ∇_v L = (1/n) Σ ℓ'(u_i) Y_i X_i^T s_i, with |ℓ'(u_i)| in log scale (§2.3)
         for i in range(n):
-            m = _max(logit[i])
+            m = max_propagating_nan(logit[i])
             total = 0.0
             for t in range(T):
                 sm[i, t] = np.exp(logit[i, t] - m)
@@ -350,7 +350,7 @@ def _joint_kernel(X, keys, Y, loss_code, p0, v0, eta, steps, record):
                 lw[i] = 0.0
             else:
                 lw[i] = -u
-        cv = _max(lw)
+        cv = max_propagating_nan(lw)
         for q in range(d):
             gv[q] = 0.0
         for i in range(n):
