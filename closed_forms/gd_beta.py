@@ -634,21 +634,60 @@ def _flow_field(beta0, Gamma, H, HPsiH, tr_HPsi, beta_star, sigma2, N):
 
     Cost: three d×d products. HSH = HΨH + (He)(He)ᵀ and tr(HS) = tr(HΨ) + eᵀHe with HΨH, tr(HΨ) precomputed;
     B(Γ)e by matrix-vector products; tr(ΓᵀHΓH) = Σ (HΓ) ∘ (ΓH).
+
+    The products are the BLAS calls of ``A @ B``, made as ``np.dot(A, B, out)`` into buffers (the same call, much
+    cheaper to compile); the elementwise algebra around them is written as loops, which give the same numbers.
     """
-    e = beta0 - beta_star
-    He = H @ e
-    HSH = HPsiH + np.outer(He, He)
-    tr_HS = tr_HPsi + e @ He
-    HG = H @ Gamma
-    GH = Gamma @ H
-    tr_GtHGH = np.sum(HG * GH)
-    GHe = Gamma @ He
-    Me = e - GHe  # (I − ΓH)e
+    d = beta0.size
+    e = np.empty(d)
+    for i in range(d):
+        e[i] = beta0[i] - beta_star[i]
+    He = np.empty(d)
+    np.dot(H, e, He)
+    HG = np.empty((d, d))
+    GH = np.empty((d, d))
+    np.dot(H, Gamma, HG)
+    np.dot(Gamma, H, GH)
+    tr_GtHGH = 0.0
+    for i in range(d):
+        for j in range(d):
+            tr_GtHGH += HG[i, j] * GH[i, j]
+    GHe = np.empty(d)
+    np.dot(Gamma, He, GHe)
+    Me = np.empty(d)
+    for i in range(d):
+        Me[i] = e[i] - GHe[i]  # (I − ΓH)e
     # B e = (I − HΓᵀ) H (I − ΓH) e + (1/N) H Γᵀ H Γ H e + (1/N) tr(ΓᵀHΓH) H e
-    HMe = H @ Me
-    Be = HMe - H @ (Gamma.T @ HMe) + H @ (Gamma.T @ (H @ GHe)) / N + tr_GtHGH / N * He
-    dbeta = -2.0 * Be
-    dGamma = 2.0 * HSH - 2.0 * HG @ ((N + 1.0) / N * HSH + (tr_HS + sigma2) / N * H)
+    HMe = np.empty(d)
+    np.dot(H, Me, HMe)
+    v = np.empty(d)  # Γᵀ(·), reused
+    HGtHMe = np.empty(d)
+    np.dot(Gamma.T, HMe, v)
+    np.dot(H, v, HGtHMe)
+    HGHe = np.empty(d)
+    HGtHGHe = np.empty(d)
+    np.dot(H, GHe, HGHe)
+    np.dot(Gamma.T, HGHe, v)
+    np.dot(H, v, HGtHGHe)
+    dbeta = np.empty(d)  # −2 B e
+    for i in range(d):
+        dbeta[i] = -2.0 * (HMe[i] - HGtHMe[i] + HGtHGHe[i] / N + tr_GtHGH / N * He[i])
+    # Γ̇ = 2HSH − (2HΓ)[(N+1)/N HSH + (tr(HS) + σ²)/N H]
+    tr_HS = tr_HPsi + e @ He
+    a = (N + 1.0) / N
+    b = (tr_HS + sigma2) / N
+    HSH = np.empty((d, d))
+    inner = np.empty((d, d))
+    for i in range(d):
+        for j in range(d):
+            HSH[i, j] = HPsiH[i, j] + He[i] * He[j]
+            inner[i, j] = a * HSH[i, j] + b * H[i, j]
+            HG[i, j] *= 2.0  # HΓ -> 2HΓ
+    dGamma = np.empty((d, d))
+    np.dot(HG, inner, dGamma)
+    for i in range(d):
+        for j in range(d):
+            dGamma[i, j] = 2.0 * HSH[i, j] - dGamma[i, j]
     return dbeta, dGamma
 
 
@@ -949,7 +988,8 @@ def context_gd_step(X, y, c, beta0, g):
     """g ← Xᵀ(y − Xβ₀)/N for context c of the batch (X (n, N, d), y (n, N)): one GD step's direction from β₀,
     the g₀ of (5.1), written into ``g`` (d,). Shared by the closed-form noise moments and the training kernel."""
     N, d = X.shape[1], X.shape[2]
-    g[:] = 0.0
+    for j in range(d):
+        g[j] = 0.0
     for k in range(N):
         r = y[c, k]
         for j in range(d):
@@ -980,7 +1020,9 @@ def _conditional_moment_sums(X, y, beta, beta0, Gamma, H, sigma2):
     m = np.empty(p)
     for c in range(n):
         context_gd_step(X, y, c, beta0, g)
-        S[:, :] = 0.0
+        for j in range(d):
+            for l in range(d):
+                S[j, l] = 0.0
         for k in range(N):
             for j in range(d):
                 for l in range(d):

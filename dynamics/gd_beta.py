@@ -221,7 +221,8 @@ def _ltb_batch_gradient(X, y, x_query, y_query, U, V, K, mlp):
     if mlp:
         for j in range(D):
             u[j] += U[d, j]
-    Vt_u = V.T @ u
+    Vt_u = np.empty(D)
+    np.dot(V.T, u, Vt_u)  # the BLAS call of V.T @ u, cheaper to compile
     G = np.empty((D, D))
     z = np.empty(D)
     Keq = np.empty(D)
@@ -229,7 +230,9 @@ def _ltb_batch_gradient(X, y, x_query, y_query, U, V, K, mlp):
     zq = np.empty(D)
     G_Vt_u = np.empty(D)
     for i in range(n):
-        G[:, :] = 0.0
+        for j in range(D):
+            for l in range(D):
+                G[j, l] = 0.0
         for k in range(N):
             for j in range(d):
                 z[j] = X[i, k, j]

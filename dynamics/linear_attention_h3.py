@@ -147,13 +147,15 @@ def _pgd_batch_gradient(X, y, x_query, y_query, W):
     loss = 0.0
     dW = np.zeros((d, d))
     g = np.empty(d)
+    xW = np.empty(d)
     for b in range(B):
         for j in range(d):
             acc = 0.0
             for i in range(n):
                 acc += X[b, i, j] * y[b, i]
             g[j] = acc
-        prediction = x_query[b] @ W @ g
+        np.dot(x_query[b], W, xW)  # the BLAS call of x_query[b] @ W, cheaper to compile
+        prediction = xW @ g
         residual = prediction - y_query[b]
         loss += residual * residual
         r = 2.0 * residual / B
@@ -175,8 +177,13 @@ def _attention_batch_gradient(Z, y_query, Wq, Wk, v):
     dWk = np.zeros(Wk.shape)
     dv = np.zeros(D)
     Gv = np.empty(D)
+    # Buffers for the BLAS products: np.dot(A, B, out) is the call A @ B makes, and much cheaper to compile.
+    a = np.empty(Wq.shape[1])
+    bb = np.empty(Wk.shape[1])
+    w = np.empty(D)
     for b in range(B):
-        Gv[:] = 0.0
+        for k in range(D):
+            Gv[k] = 0.0
         for i in range(T):
             u = 0.0
             for k in range(D):
@@ -184,14 +191,17 @@ def _attention_batch_gradient(Z, y_query, Wq, Wk, v):
             for k in range(D):
                 Gv[k] += u * Z[b, i, k]
         zq = Z[b, n]
-        a = zq @ Wq
-        bb = Gv @ Wk
+        np.dot(zq, Wq, a)
+        np.dot(Gv, Wk, bb)
         residual = (a @ bb) / n - y_query[b]
         loss += residual * residual
         r = 2.0 * residual / (B * n)
-        dWq += r * np.outer(zq, bb)
-        dWk += r * np.outer(Gv, a)
-        w = Wk @ a
+        # The outer-product updates as loops (cheaper to compile than array expressions, same numbers).
+        for j in range(D):
+            for k in range(bb.size):
+                dWq[j, k] += r * (zq[j] * bb[k])
+                dWk[j, k] += r * (Gv[j] * a[k])
+        np.dot(Wk, a, w)
         for i in range(T):
             t = 0.0
             for k in range(D):
@@ -216,19 +226,24 @@ def _h3_batch_gradient(Z, y_query, Wq, Wk, Wv, f):
     K = np.empty((T, m))
     V = np.empty((T, m))
     P = np.empty(m)
+    q = np.empty(m)
     for b in range(B):
-        K[:, :] = Z[b] @ Wk
-        V[:, :] = Z[b] @ Wv
-        P[:] = 0.0
+        # The BLAS products Z[b] @ W_k etc. as np.dot(A, B, out): the same call, much cheaper to compile.
+        np.dot(Z[b], Wk, K)
+        np.dot(Z[b], Wv, V)
+        for j in range(m):
+            P[j] = 0.0
         for p in range(T):
             for j in range(m):
                 P[j] += f[n - p] * K[p, j] * V[p, j]
         zq = Z[b, n]
-        q = zq @ Wq
+        np.dot(zq, Wq, q)
         residual = (q @ P) / n - y_query[b]
         loss += residual * residual
         r = 2.0 * residual / (B * n)
-        dWq += r * np.outer(zq, P)
+        for k in range(D):  # dWq += r zq Pᵀ, as a loop (cheaper to compile, same numbers)
+            for j in range(m):
+                dWq[k, j] += r * (zq[k] * P[j])
         for p in range(T):
             for j in range(m):
                 dP = r * q[j]
