@@ -62,6 +62,7 @@ __all__ = [
     "gamma_response",
     "risk_hessian",
     "conditional_gradient_moments",
+    "conditional_gradient_moments_by_batch",
     "snr",
     "excess_risk_sandwich",
     "large_context_ratio_limit",
@@ -1086,6 +1087,14 @@ def conditional_gradient_moments(problem: GDBetaProblem, X, y, beta, beta0, Gamm
     """Sums over the contexts (X, y, β) — arrays (n, N, d), (n, N), (n, d) — of the per-prompt gradient's
     conditional mean, its outer product, and its conditional second moment, the query integrated exactly
     (docs/gd_beta.md §12). Returns (mean_sum (p,), mean_outer_sum (p, p), second_sum (p, p)), p = d + d²."""
+    sums = conditional_gradient_moments_by_batch(problem, X, y, beta, beta0, Gamma, n_batches=1)
+    return tuple(s[0] for s in sums)
+
+
+def conditional_gradient_moments_by_batch(problem: GDBetaProblem, X, y, beta, beta0, Gamma, *, n_batches: int):
+    """:func:`conditional_gradient_moments` of each of ``n_batches`` equal consecutive batches of the contexts,
+    stacked: arrays (n_batches, p), (n_batches, p, p), (n_batches, p, p). The inputs are checked once, not once per
+    batch (the noise covariance of an SGD path needs it at every step)."""
     d, N = problem.d, problem.N
     X = check.finite_array(X, "X", ndim=3)
     if X.shape[1:] != (N, d):
@@ -1095,6 +1104,12 @@ def conditional_gradient_moments(problem: GDBetaProblem, X, y, beta, beta0, Gamm
     beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
     if beta0.ndim != 1:
         raise ValueError("conditional_gradient_moments takes a single (beta0, Gamma), not a batch")
+    n_batches = check.integer(n_batches, "n_batches", minimum=1)
+    if X.shape[0] % n_batches:
+        raise ValueError(f"n_batches must divide the number of contexts {X.shape[0]}, got {n_batches}")
+    m = X.shape[0] // n_batches
     c = np.ascontiguousarray
-    return _conditional_moment_sums(c(X), c(y), c(beta), c(beta0, dtype=float), c(Gamma, dtype=float),
-                                    c(problem.H), float(problem.sigma2))
+    beta0, Gamma, H = c(beta0, dtype=float), c(Gamma, dtype=float), c(problem.H)
+    sums = [_conditional_moment_sums(c(X[b * m:(b + 1) * m]), c(y[b * m:(b + 1) * m]), c(beta[b * m:(b + 1) * m]),
+                                     beta0, Gamma, H, float(problem.sigma2)) for b in range(n_batches)]
+    return tuple(np.array(parts) for parts in zip(*sums))

@@ -492,10 +492,9 @@ def gradient_noise_covariance(problem: GDBetaProblem, beta0, Gamma, pool: Contex
     bias of m̂m̂ᵀ and Σ̂ stays positive semi-definite."""
     m = pool.X.shape[0] // pool.n_batches
     out = []
-    for b in range(pool.n_batches):
-        part = slice(b * m, (b + 1) * m)
-        mean_sum, mean_outer, second_sum = cf.conditional_gradient_moments(problem, pool.X[part], pool.y[part],
-                                                                           pool.beta[part], beta0, Gamma)
+    sums = cf.conditional_gradient_moments_by_batch(problem, pool.X, pool.y, pool.beta, beta0, Gamma,
+                                                    n_batches=pool.n_batches)
+    for mean_sum, mean_outer, second_sum in zip(*sums):
         mean = mean_sum / m
         spread = (mean_outer / m - np.outer(mean, mean)) * m / (m - 1)
         out.append(second_sum / m - np.outer(mean, mean) + spread / m)
