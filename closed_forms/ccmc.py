@@ -240,7 +240,10 @@ def _nll_and_gradient(Theta, counts, last, y, weights):
             grad[a, k] += w * p[k] / z
         grad[a, y[i]] -= w
         total_weight += w
-    return value / total_weight, grad / total_weight
+    for a in range(K):
+        for k in range(K):
+            grad[a, k] /= total_weight
+    return value / total_weight, grad
 
 
 def _learning_data(K, prompts, y, query, weights):
@@ -464,7 +467,8 @@ def _stationary_law_of_q(f, P):
             A[k, a] = f[k] * P[a, k] / Z[a] - (1.0 if a == k else 0.0)
     for k in range(K):
         if f[k] <= 0:
-            A[k, :] = 0.0
+            for a in range(K):
+                A[k, a] = 0.0
             A[k, k] = 1.0
     # replace the first support equation by the normalisation
     first = 0
@@ -521,33 +525,32 @@ def fluid_rhs_into(tau, f, params, out):
     ``params`` from :func:`pack_fluid_params`. π(f) as in :func:`stationary_law_of_q` (f clipped at 0 and
     renormalised), solved by Gaussian elimination with partial pivoting on a K × (K + 1) work array."""
     K = int(params[0])
-    P = params[1:1 + K * K].reshape((K, K))
-    work = np.empty((K, K + 2))  # [A | b | g]
-    g = work[:, K + 1]
+    work = np.empty((K, K + 2))  # [A | b | g]; P[a, k] = params[1 + a K + k], g_k = work[k, K + 1]
+    G = K + 1
     total = 0.0
     for k in range(K):
-        g[k] = max(f[k], 0.0)
-        total += g[k]
+        work[k, G] = max(f[k], 0.0)
+        total += work[k, G]
     for k in range(K):
-        g[k] /= total
+        work[k, G] /= total
     # A[k, a] = g_k P[a, k] / Z_a − δ_ak on the support, identity rows off it; row `first` is the normalisation
     for a in range(K):
         Z = 0.0
         for k in range(K):
-            Z += P[a, k] * g[k]
+            Z += params[1 + a * K + k] * work[k, G]
         for k in range(K):
-            work[k, a] = g[k] * P[a, k] / Z - (1.0 if a == k else 0.0)
+            work[k, a] = work[k, G] * params[1 + a * K + k] / Z - (1.0 if a == k else 0.0)
     for k in range(K):
         work[k, K] = 0.0
-        if g[k] <= 0:
+        if work[k, G] <= 0:
             for a in range(K):
                 work[k, a] = 0.0
             work[k, k] = 1.0
     first = 0
-    while g[first] <= 0:
+    while work[first, G] <= 0:
         first += 1
     for a in range(K):
-        work[first, a] = 1.0 if g[a] > 0 else 0.0
+        work[first, a] = 1.0 if work[a, G] > 0 else 0.0
     work[first, K] = 1.0
     for col in range(K):  # forward elimination with partial pivoting
         pivot = col

@@ -56,23 +56,50 @@ def attention_logits(E, W) -> np.ndarray:
     return (E @ W @ E.T).T
 
 
+# The kernels below are written with scalar loops where numpy calls would cost far more numba compile time; each
+# loop does the same operations in the same order as the numpy call it replaces (same numbers). The BLAS products
+# (@) stay: a loop would round differently.
+
+@njit(cache=True)
+def _softmax(scores):
+    """scores ← exp(scores − max) / Σ in place: ``np.exp(scores - scores.max())`` normalised by its ``.sum()``
+    (numpy's max, a NaN propagating, and a left-to-right sum)."""
+    top = scores[0]
+    for j in range(1, scores.size):
+        if math.isnan(top):
+            break
+        if math.isnan(scores[j]) or scores[j] > top:
+            top = scores[j]
+    total = 0.0
+    for j in range(scores.size):
+        scores[j] = math.exp(scores[j] - top)
+        total += scores[j]
+    for j in range(scores.size):
+        scores[j] /= total
+
+
 @njit(cache=True)
 def _attention_output(E, W, C, prompts, exclude):
     n, L = prompts.shape
     K, d = E.shape
     out = np.zeros((n, K))
     keys = L - 1 if exclude else L
-    scores = np.empty(keys)
+    s = np.empty(keys)
+    value = np.empty(d)
     for i in range(n):
         q = W @ E[prompts[i, L - 1]]
         for j in range(keys):
-            scores[j] = E[prompts[i, j]] @ q
-        s = np.exp(scores - scores.max())
-        s /= s.sum()
-        value = np.zeros(d)
+            s[j] = E[prompts[i, j]] @ q
+        _softmax(s)
+        for u in range(d):
+            value[u] = 0.0
         for j in range(keys):
-            value += s[j] * E[prompts[i, j]]
-        out[i] = C @ value
+            e_j = E[prompts[i, j]]
+            for u in range(d):
+                value[u] += s[j] * e_j[u]
+        output = C @ value
+        for k in range(K):
+            out[i, k] = output[k]
     return out
 
 
@@ -127,7 +154,9 @@ def _sample_rows(probabilities, draws, kernel_seed):
     n, K = probabilities.shape
     out = np.empty((n, draws), dtype=np.int64)
     for i in range(n):
-        total = probabilities[i].sum()
+        total = 0.0
+        for k in range(K):
+            total += probabilities[i, k]
         for j in range(draws):
             out[i, j] = _categorical(probabilities[i], total)
     return out
@@ -150,22 +179,31 @@ def _generate_raw(E, W, C, X0, steps, runs, exclude, kernel_seed):
     L0 = X0.size
     K, d = E.shape
     out = np.empty((runs, L0 + steps), dtype=np.int64)
+    value = np.empty(d)
+    p = np.empty(K)
     for r in range(runs):
-        out[r, :L0] = X0
+        for j in range(L0):
+            out[r, j] = X0[j]
         for t in range(steps):
             L = L0 + t
             keys = L - 1 if exclude else L
             q = W @ E[out[r, L - 1]]
-            scores = np.empty(keys)
+            s = np.empty(keys)
             for j in range(keys):
-                scores[j] = E[out[r, j]] @ q
-            s = np.exp(scores - scores.max())
-            s /= s.sum()
-            value = np.zeros(d)
+                s[j] = E[out[r, j]] @ q
+            _softmax(s)
+            for u in range(d):
+                value[u] = 0.0
             for j in range(keys):
-                value += s[j] * E[out[r, j]]
-            p = np.maximum(C @ value, 0.0)
-            out[r, L] = _categorical(p, p.sum())
+                e_j = E[out[r, j]]
+                for u in range(d):
+                    value[u] += s[j] * e_j[u]
+            output = C @ value
+            total = 0.0
+            for k in range(K):  # np.maximum(output, 0.0): a NaN stays NaN
+                p[k] = 0.0 if output[k] < 0.0 else output[k]
+                total += p[k]
+            out[r, L] = _categorical(p, total)
     return out
 
 
@@ -196,21 +234,42 @@ def sample_learning_data(problem: CCMCProblem, n: int, *, seed) -> tuple[np.ndar
 
 
 @njit(cache=True)
+def _largest_magnitude(x):
+    """``np.abs(x).max()``: a NaN propagates."""
+    top = abs(x[0])
+    for k in range(1, x.size):
+        if math.isnan(top):
+            break
+        if math.isnan(x[k]) or abs(x[k]) > top:
+            top = abs(x[k])
+    return top
+
+
+@njit(cache=True)
 def _newton_mle(counts, last, y, weights, K, max_iterations, tolerance):
     """Row-wise damped Newton on ℓ̂_n + ½(Σ_k Θ_{a,k})² per row: the penalty fixes the row-shift gauge and is 0 at
     the centred minimiser (the gradient of ℓ̂_n sums to 0 along each row). Returns (Θ̂, iterations, converged)."""
     Theta = np.zeros((K, K))
     n = y.size
     p = np.empty(K)
+    theta = np.empty(K)
+    grad = np.empty(K)
+    hess = np.empty((K, K))
     worst = 0
     converged = True
     for a in range(K):
-        theta = np.zeros(K)
+        for k in range(K):
+            theta[k] = 0.0
         done = False
         for iteration in range(max_iterations):
-            grad = np.full(K, theta.sum())
-            hess = np.ones((K, K)) + 1e-12 * np.eye(K)
-            value = 0.5 * theta.sum() ** 2
+            theta_sum = 0.0
+            for k in range(K):
+                theta_sum += theta[k]
+            for k in range(K):  # grad = Σ_k θ_k 1, hess = 11ᵀ + 10⁻¹² I
+                grad[k] = theta_sum
+                for j in range(K):
+                    hess[k, j] = 1.0 + (1e-12 if j == k else 0.0)
+            value = 0.5 * theta_sum ** 2
             for i in range(n):
                 if last[i] != a:
                     continue
@@ -232,17 +291,21 @@ def _newton_mle(counts, last, y, weights, K, max_iterations, tolerance):
                         hess[k, j] -= w * p[k] * p[j]
                     hess[k, k] += w * p[k]
                 grad[y[i]] -= w
-            if np.abs(grad).max() < tolerance:
+            if _largest_magnitude(grad) < tolerance:
                 done = True
                 worst = max(worst, iteration)
                 break
             step = np.linalg.solve(hess, grad)
-            largest = np.abs(step).max()
+            largest = _largest_magnitude(step)
             if largest > 5.0:  # damped: toward a logit at −∞ (no finite MLE) the full step overshoots
-                step *= 5.0 / largest
-            theta = theta - step
+                scale = 5.0 / largest
+                for k in range(K):
+                    step[k] *= scale
+            for k in range(K):
+                theta[k] -= step[k]
         converged = converged and done
-        Theta[a] = theta
+        for k in range(K):
+            Theta[a, k] = theta[k]
     return Theta, worst, converged
 
 
@@ -290,14 +353,13 @@ def _raw_nll_and_gradient(E, W, prompts, y, exclude):
     keys = L - 1 if exclude else L
     grad = np.zeros((d, d))
     value = 0.0
-    scores = np.empty(keys)
+    s = np.empty(keys)
     for i in range(n):
         e_a = E[prompts[i, L - 1]]
         q = W @ e_a
         for j in range(keys):
-            scores[j] = E[prompts[i, j]] @ q
-        s = np.exp(scores - scores.max())
-        s /= s.sum()
+            s[j] = E[prompts[i, j]] @ q
+        _softmax(s)
         p_y = 0.0
         for j in range(keys):
             if prompts[i, j] == y[i]:
@@ -310,7 +372,10 @@ def _raw_nll_and_gradient(E, W, prompts, y, exclude):
             for u in range(d):
                 for v in range(d):
                     grad[u, v] += g * e_j[u] * e_a[v]
-    return value / n, grad / n
+    for u in range(d):
+        for v in range(d):
+            grad[u, v] /= n
+    return value / n, grad
 
 
 def raw_nll_and_gradient(E, W, prompts, y, query: str = "self") -> tuple[float, np.ndarray]:
@@ -332,18 +397,26 @@ def _adam_loop(E, W, P, L, steps, batch, lr, beta1, beta2, eps, average_from, ex
     np.random.seed(kernel_seed)
     K, d = E.shape
     keys = L - 1 if exclude else L
+    W_in = W
+    W = np.empty((d, d))  # updated in place; the caller's W is left alone
+    for u in range(d):
+        for w in range(d):
+            W[u, w] = W_in[u, w]
     m = np.zeros((d, d))
     v = np.zeros((d, d))
     average = np.zeros((d, d))
+    grad = np.empty((d, d))
     n_avg = 0
     prompt = np.empty(L, dtype=np.int64)
     weights = np.empty(K)
-    scores = np.empty(keys)
+    s = np.empty(keys)
     n_records = steps // record_every
     losses = np.empty(n_records)
     failed = -1
     for step in range(steps):
-        grad = np.zeros((d, d))
+        for u in range(d):
+            for w in range(d):
+                grad[u, w] = 0.0
         loss = 0.0
         for b in range(batch):
             for j in range(L):
@@ -354,13 +427,15 @@ def _adam_loop(E, W, P, L, steps, batch, lr, beta1, beta2, eps, average_from, ex
                 weights[k] = 0.0
             for j in range(keys):
                 weights[prompt[j]] += P[a, prompt[j]]
-            y = _categorical(weights, weights.sum())
+            total = 0.0
+            for k in range(K):
+                total += weights[k]
+            y = _categorical(weights, total)
             e_a = E[a]
             q = W @ e_a
             for j in range(keys):
-                scores[j] = E[prompt[j]] @ q
-            s = np.exp(scores - scores.max())
-            s /= s.sum()
+                s[j] = E[prompt[j]] @ q
+            _softmax(s)
             p_y = 0.0
             for j in range(keys):
                 if prompt[j] == y:
@@ -377,23 +452,35 @@ def _adam_loop(E, W, P, L, steps, batch, lr, beta1, beta2, eps, average_from, ex
                         grad[u, w] += g * e_j[u] * e_a[w]
         if failed >= 0:
             break
-        grad /= batch
         loss /= batch
-        if not np.isfinite(loss) or not np.all(np.isfinite(grad)):
+        finite = math.isfinite(loss)
+        for u in range(d):
+            for w in range(d):
+                grad[u, w] /= batch
+                finite = finite and math.isfinite(grad[u, w])
+        if not finite:
             failed = step
             break
-        m = beta1 * m + (1 - beta1) * grad
-        v = beta2 * v + (1 - beta2) * grad * grad
-        m_hat = m / (1 - beta1 ** (step + 1))
-        v_hat = v / (1 - beta2 ** (step + 1))
-        W = W - lr * m_hat / (np.sqrt(v_hat) + eps)
+        bias1 = 1 - beta1 ** (step + 1)
+        bias2 = 1 - beta2 ** (step + 1)
+        for u in range(d):
+            for w in range(d):
+                g = grad[u, w]
+                m[u, w] = beta1 * m[u, w] + (1 - beta1) * g
+                v[u, w] = beta2 * v[u, w] + (1 - beta2) * g * g
+                m_hat = m[u, w] / bias1
+                v_hat = v[u, w] / bias2
+                W[u, w] = W[u, w] - lr * m_hat / (math.sqrt(v_hat) + eps)
+                if step >= average_from:
+                    average[u, w] += W[u, w]
         if step >= average_from:
-            average += W
             n_avg += 1
         if (step + 1) % record_every == 0:
             losses[(step + 1) // record_every - 1] = loss
     if n_avg > 0:
-        average /= n_avg
+        for u in range(d):
+            for w in range(d):
+                average[u, w] /= n_avg
     return W, average, losses, failed
 
 
@@ -447,25 +534,22 @@ def _count_runs(P, m0, a0, runs, record_steps, level_token, levels, exclude, ker
     fisher_out = np.zeros((runs, n_rec, K))
     step_out = np.zeros((runs, n_rec), dtype=np.int64)
     w = np.empty(K)
+    m = np.empty(K, dtype=np.int64)
+    fisher = np.empty(K)
     for r in range(runs):
-        m = m0.copy()
+        for k in range(K):
+            m[k] = m0[k]
+            fisher[k] = 0.0
         a = a0
-        fisher = np.zeros(K)
         j = 0
         t = 0
         while j < n_rec:
-            if by_level:
-                while j < n_rec and m[level_token] >= levels[j]:
-                    counts_out[r, j] = m
-                    fisher_out[r, j] = fisher
-                    step_out[r, j] = t
-                    j += 1
-            else:
-                while j < n_rec and record_steps[j] == t:
-                    counts_out[r, j] = m
-                    fisher_out[r, j] = fisher
-                    step_out[r, j] = t
-                    j += 1
+            while j < n_rec and (m[level_token] >= levels[j] if by_level else record_steps[j] == t):
+                for k in range(K):
+                    counts_out[r, j, k] = m[k]
+                    fisher_out[r, j, k] = fisher[k]
+                step_out[r, j] = t
+                j += 1
             if j >= n_rec or (not by_level and t >= last_step):
                 break
             total = 0.0
