@@ -151,7 +151,7 @@ def _lambda_range(xi1, xi2, N):
     relative ~ε of them (a first choice ε = 1e-5 gave a bias invisible to grid refinement, docs/one_nn.md §6);
     ε = 1e-14 is below round-off. Above: e^{−λZ'} < e^{−80} for every Z' >= a + N e^{−2ξ₁}, a = e^{−ξ₂}; the upper end
     is computed as log 80 − log(e^{−ξ₂} + e^{log N − 2ξ₁}) so that it stays finite for ξ₁ beyond ~350 and ξ₂ = ∞."""
-    log_a = -xi2 if np.isfinite(xi2) else -np.inf
+    log_a = -xi2 if math.isfinite(xi2) else -np.inf
     log_floor = math.log(N) - 2.0 * xi1
     top = max(log_a, log_floor)
     log_lower = top + math.log1p(math.exp(min(log_a, log_floor) - top))
@@ -176,10 +176,14 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
     if xi2 < XI2_QUERY_DOMINATES:
         return 0.5, 0.0, 0.0
     t, w = _theta_grid(d, log_B, n_theta)
-    log_u = xi1 * (t - 1.0)
-    u = np.exp(log_u)
-    r = t - 1.0
-    a = math.exp(-xi2) if np.isfinite(xi2) else 0.0
+    r = np.empty(n_theta)  # t − 1
+    log_u = np.empty(n_theta)
+    u = np.empty(n_theta)
+    for k in range(n_theta):  # scalar loops: array expressions compile several times slower
+        r[k] = t[k] - 1.0
+        log_u[k] = xi1 * r[k]
+        u[k] = math.exp(log_u[k])
+    a = math.exp(-xi2) if math.isfinite(xi2) else 0.0
     w_lo, w_hi = _lambda_range(xi1, xi2, N)
     dw = (w_hi - w_lo) / (n_lam - 1)
     # Accumulators: a·Max[u;2], Max[u²r;2], Max[ur;1], MaxPair[u,ur;2], a·Sum[u²;3], Sum[u²r;2], Sum[u³r;3],
@@ -302,16 +306,16 @@ V_BELOW = 28.0
 
 
 @njit(cache=True)
-def _v_weights(d, log_B, K, h_t, stride):
-    """Weights of the nodes t_k = 1 − (K − k)·h_t, k = 0, stride, …, K (ascending t; t_0 >= −1): the integral of
+def _v_weights(d, log_B, K, h_t):
+    """Weights of the nodes t_k = 1 − (K − k)·h_t, k = 0, …, K (ascending t; t_0 >= −1): the integral of
     the density p_d against each node's hat function (linear in t), by 3-point Gauss–Legendre in θ = arccos t on every
     cell (no endpoint singularity in θ, docs/one_nn.md §1). Returns (W, far), far = P(t < t_0); when the grid reaches
     t = −1 the weights are normalised to sum to 1 (the discrete law is exactly a probability)."""
-    n = K // stride + 1
+    n = K + 1
     s = np.empty(n)  # 1 − t
     theta = np.empty(n)
     for j in range(n):
-        s[j] = min((K - j * stride) * h_t, 2.0)
+        s[j] = min((K - j) * h_t, 2.0)
         theta[j] = 2.0 * math.asin(math.sqrt(0.5 * s[j]))
     W = np.zeros(n)
     total = 0.0
@@ -431,32 +435,47 @@ def _v_table(x, D, E, T1, T2, T3, q):
 
 
 @njit(cache=True)
-def _v_quadrature(xi1, xi2, d, log_B, N, n_min, h_target, dw_target, with_loss):
-    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) on a grid uniform in v = ξ₁(1 − t) of spacing h and on its every-other-node subgrid
-    (fine then coarse: six numbers), for the Richardson extrapolation of :func:`_adaptive_quadrature`
-    (docs/one_nn.md §6, "The dynamics' quadrature").
+def _adaptive_quadrature(xi1, xi2, d, log_B, N, theta_min, theta_per_xi1, dw_target, with_loss):
+    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) as the reduced dynamics evaluate them (:class:`Resolution`): on a grid uniform in
+    v = ξ₁(1 − t) of spacing h = 2/theta_per_xi1 (at least theta_min nodes) with λ spacing ≈ dw_target, and on its
+    every-other-node subgrid, Richardson-extrapolated fine + (fine − coarse)/3 (docs/one_nn.md §6, "The dynamics'
+    quadrature"). A grid past MAX_THETA_NODES gives NaN (the dynamics then stop with a DivergenceError naming the
+    step).
 
     λu_k = e^{w − v_k}: with w on a grid of spacing m·h (m odd) aligned with the v nodes, λu takes only the values
     e^{w_lo − Kh + qh}, so e^{−λu} and its companions are read from one table instead of computed per cell. Each
     λ-row visits only the nodes where e^{−λu} is neither 0 nor 1 to double precision (a window of ~50 in v). Small
-    ξ₁, where the v range is shorter than n_min·h, uses n_min nodes uniform in t and computes e^{−λu} per cell.
+    ξ₁, where the v range is shorter than theta_min·h, uses theta_min nodes uniform in t and computes e^{−λu} per
+    cell.
+
+    One function, not a v-grid kernel under a Richardson wrapper: numba compiles a callee's code again into each
+    caller.
     """
-    a = math.exp(-xi2) if np.isfinite(xi2) else 0.0
+    if xi2 < XI2_QUERY_DOMINATES:
+        return 0.5, 0.0, 0.0
+    if max(theta_min, int(math.ceil(theta_per_xi1 * xi1))) > MAX_THETA_NODES:
+        return np.nan, np.nan, np.nan
+    h_target = 2.0 / theta_per_xi1 if theta_per_xi1 > 0.0 else np.inf
+    a = math.exp(-xi2) if math.isfinite(xi2) else 0.0
     w_lo, w_hi = _lambda_range(xi1, xi2, N)
     v_max = min(2.0 * xi1, max(w_hi, 0.0) + V_BELOW)  # beyond: e^{−λu} = 1 at every λ of the grid
-    K = max(n_min, int(math.ceil(v_max / h_target)))
+    K = max(theta_min, int(math.ceil(v_max / h_target)))
     K += K % 2
     s_max = v_max / xi1 if xi1 > 0.0 else 2.0  # the grid's range in 1 − t
     h_t = s_max / K
     h = xi1 * h_t
-    W, far = _v_weights(d, log_B, K, h_t, 1)
-    Wc, far_c = _v_weights(d, log_B, K, h_t, 2)
+    W, far = _v_weights(d, log_B, K, h_t)
+    # The every-other-node subgrid: K/2 cells of 2h_t, the same nodes to the bit (doubling is exact). A stride
+    # argument would be a literal here, and numba compiles _v_weights once per literal value.
+    Wc, far_c = _v_weights(d, log_B, K // 2, 2.0 * h_t)
     n = K + 1
     nc = K // 2 + 1
     r = np.empty(n)
     for k in range(n):
         r[k] = -min((K - k) * h_t, 2.0)
-    rc = r[::2].copy()
+    rc = np.empty(nc)
+    for k in range(nc):
+        rc[k] = r[2 * k]
     mass = np.empty(n + 1)  # far + Σ_{j<k} W_j
     mass[0] = far
     for k in range(n):
@@ -513,7 +532,8 @@ def _v_quadrature(xi1, xi2, d, log_B, N, n_min, h_target, dw_target, with_loss):
             else:
                 lo, hi, stride, w, rr, mm, top = (k0 + 1) // 2, k1 // 2, 2, Wc, rc, mass_c, nc
             if hi < lo:
-                out[:] = 0.0
+                for q in range(1, out.size):
+                    out[q] = 0.0
                 out[0] = mm[top] - mm[max(hi + 1, 0)]
             else:
                 _v_row(N, D, E, T1, T2, T3, base, stride, lo, hi, w, rr, mm[lo], mm[top] - mm[hi + 1], phi_floor,
@@ -536,44 +556,25 @@ def _v_quadrature(xi1, xi2, d, log_B, N, n_min, h_target, dw_target, with_loss):
             La = out[9] + _ipow(mm[min(lo, top)], N) / N
             acc[j + 8] += 0.5 * c * (lam_a * lam_a * La + (N - 1) * (2.0 * lam_a * out[10] + 2.0 * out[11]
                                                                        + (N - 2) * out[12]))
-    result = np.empty(6)
+    v = np.empty(6)  # (L, ∂L/∂ξ₁, ∂L/∂ξ₂) on the fine grid, then on the coarse one
     for grid in range(2):
         j = 9 * grid
-        result[3 * grid] = acc[j + 8]
-        result[3 * grid + 1] = acc[j + 1] + acc[j + 3] + acc[j + 5] - acc[j + 6] - acc[j + 7] - acc[j + 2]
-        result[3 * grid + 2] = -acc[j] + acc[j + 4]
-    return result
-
-
-@njit(cache=True)
-def _adaptive_quadrature(xi1, xi2, d, log_B, N, theta_min, theta_per_xi1, dw, with_loss):
-    """(L, ∂L/∂ξ₁, ∂L/∂ξ₂) as the reduced dynamics evaluate them (:class:`Resolution`): the v-grid quadrature of
-    :func:`_v_quadrature` with spacing h = 2/theta_per_xi1 in v = ξ₁(1 − t) (at least theta_min nodes), λ spacing
-    ≈ dw, Richardson-extrapolated fine + (fine − coarse)/3 against its every-other-node subgrid
-    (docs/one_nn.md §6). A grid past MAX_THETA_NODES gives NaN (the dynamics then stop with a DivergenceError naming
-    the step)."""
-    if xi2 < XI2_QUERY_DOMINATES:
-        return 0.5, 0.0, 0.0
-    if max(theta_min, int(math.ceil(theta_per_xi1 * xi1))) > MAX_THETA_NODES:
-        return np.nan, np.nan, np.nan
-    h = 2.0 / theta_per_xi1 if theta_per_xi1 > 0.0 else np.inf
-    v = _v_quadrature(xi1, xi2, d, log_B, N, theta_min, h, dw, with_loss)
+        v[3 * grid] = acc[j + 8]
+        v[3 * grid + 1] = acc[j + 1] + acc[j + 3] + acc[j + 5] - acc[j + 6] - acc[j + 7] - acc[j + 2]
+        v[3 * grid + 2] = -acc[j] + acc[j + 4]
     return (v[0] + (v[0] - v[3]) / 3, v[1] + (v[1] - v[4]) / 3, v[2] + (v[2] - v[5]) / 3)
 
 
-@njit(cache=True)
-def _params_gradient(x, params):
-    """∇L at x = (ξ₁, ξ₂); ``params`` = (d, log B_d, N, η, theta_min, theta_per_xi1, dw)."""
-    _, g1, g2 = _adaptive_quadrature(x[0], x[1], int(params[0]), params[1], int(params[2]), int(params[4]),
-                                     params[5], params[6], params[4] < 0.0)  # False (theta_min >= 17), not a literal
-    return g1, g2
+# The step and the flow call the quadrature themselves, with_loss = params[4] < 0.0 (False: theta_min >= 17; not a
+# literal, so one compiled signature): numba compiles the quadrature's code again into every @njit level in between.
 
 
 @njit(cache=True)
 def reduced_gd_step(k, x, params):
     """One step of reduced GD (docs/one_nn.md §4): ξ₁ ← ξ₁ − (η/d)∂L/∂ξ₁, ξ₂ ← ξ₂ − η∂L/∂ξ₂ (``params``: see
     :func:`pack_reduced_params`)."""
-    g1, g2 = _params_gradient(x, params)
+    _, g1, g2 = _adaptive_quadrature(x[0], x[1], int(params[0]), params[1], int(params[2]), int(params[4]),
+                                     params[5], params[6], params[4] < 0.0)
     out = np.empty(2)
     out[0] = x[0] - params[3] / params[0] * g1
     out[1] = x[1] - params[3] * g2
@@ -583,7 +584,8 @@ def reduced_gd_step(k, x, params):
 @njit(cache=True)
 def reduced_flow_rhs(t, x, params):
     """Gradient-flow limit of reduced GD in time τ = ηk: dξ₁/dτ = −(1/d)∂L/∂ξ₁, dξ₂/dτ = −∂L/∂ξ₂."""
-    g1, g2 = _params_gradient(x, params)
+    _, g1, g2 = _adaptive_quadrature(x[0], x[1], int(params[0]), params[1], int(params[2]), int(params[4]),
+                                     params[5], params[6], params[4] < 0.0)
     out = np.empty(2)
     out[0] = -g1 / params[0]
     out[1] = -g2

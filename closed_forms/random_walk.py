@@ -172,8 +172,21 @@ def _unpack(params):
 
 @njit(cache=True)
 def _softmax(z):
-    e = np.exp(z - z.max())
-    return e / e.sum()
+    """softmax(z), shifted by max z. Scalar loops (they compile several times faster than the array expressions);
+    the sum runs left to right, as numba's ``e.sum()`` does."""
+    n = z.size
+    top = z[0]
+    for k in range(1, n):
+        if z[k] > top:
+            top = z[k]
+    e = np.empty(n)
+    total = 0.0
+    for k in range(n):
+        e[k] = math.exp(z[k] - top)
+        total += e[k]
+    for k in range(n):
+        e[k] /= total
+    return e
 
 
 @njit(cache=True)
@@ -214,8 +227,9 @@ def reduced_step(k, x, params):
     z = x[K:]
     loss, grad_v, mean_g = _population_terms(v, z, params)
     out = np.empty(K + N)
-    if not np.isfinite(loss):
-        out[:] = np.nan
+    if not math.isfinite(loss):
+        for j in range(K + N):
+            out[j] = np.nan
         return out
     for c in range(K):
         out[c] = v[c] - eta / K * grad_v[c]
@@ -253,7 +267,10 @@ def _accuracy_kernel(x, params):
             for k in range(N - 1):
                 acc += S[k] * v[(r + int(d[row + k])) % K]
             g[r] = acc
-        top = g.max()
+        top = g[0]  # max g, NaN if any (as g.max())
+        for r in range(1, K):
+            if g[r] > top or math.isnan(g[r]):
+                top = g[r]
         if g[0] != top:
             continue
         wins = 0
@@ -278,10 +295,12 @@ def _accuracies_kernel(states, params):
 
 
 def _check_states(problem: RandomWalkProblem, states) -> np.ndarray:
+    """Finite states with K + N columns, as a writable copy: the kernels then see the array type of the reduced map's
+    state, and numba compiles :func:`_population_terms` once instead of again for read-only arrays."""
     states = check.finite_array(states, "states", ndim=2)
     if states.shape[1] != problem.K + problem.N:
         raise ValueError(f"states must have K + N = {problem.K + problem.N} columns (v, z), got {states.shape[1]}")
-    return states
+    return states.copy()
 
 
 def reduced_losses(problem: RandomWalkProblem, paths: Paths, states) -> np.ndarray:

@@ -139,7 +139,11 @@ def _batch_terms(X, y, v, W, position_only):
     S = np.empty((D, D))
     for i in range(n):
         loss += _accumulate_sample(X[i], y[i], v, W, position_only, S, grad_v, grad_W)
-    return loss / n, grad_v / n, grad_W / n
+    for p in range(d + D):  # loops, not grad / n: array expressions compile several times slower
+        grad_v[p] /= n
+        for r in range(d + D):
+            grad_W[p, r] /= n
+    return loss / n, grad_v, grad_W
 
 
 def _writable(array: np.ndarray) -> np.ndarray:
@@ -181,8 +185,13 @@ def _mean_attention(X, W):
     S = np.empty((D, D))
     for i in range(n):
         _attention_scores(X[i], W, S)
-        mean += S
-    return mean / n
+        for k in range(D):
+            for j in range(D):
+                mean[k, j] += S[k, j]
+    for k in range(D):
+        for j in range(D):
+            mean[k, j] /= n
+    return mean
 
 
 def attention_matrix(problem: GroupSparseProblem, X, W) -> np.ndarray:
@@ -327,12 +336,17 @@ def _online_sgd(X, y, v, W, eta, train_W):
     grad_v = np.empty(d + D)
     grad_W = np.empty((d + D, d + D))
     for i in range(n):
-        grad_v[:] = 0.0
-        grad_W[:] = 0.0
+        for p in range(d + D):
+            grad_v[p] = 0.0
+            for r in range(d + D):
+                grad_W[p, r] = 0.0
         _accumulate_sample(X[i], y[i], v, W, not train_W, S, grad_v, grad_W)  # W₂₂ block only when W stays
-        v -= eta * grad_v
+        for p in range(d + D):
+            v[p] -= eta * grad_v[p]
         if train_W:
-            W -= eta * grad_W
+            for p in range(d + D):
+                for r in range(d + D):
+                    W[p, r] -= eta * grad_W[p, r]
     return v, W
 
 

@@ -101,6 +101,22 @@ def sample_sequences(problem: RandomWalkProblem, n: int, rng: np.random.Generato
 
 
 @njit(cache=True)
+def _softmax_into(z, S):
+    """S = softmax(z), shifted by max z, in scalar loops (they compile several times faster than np.exp(z − z.max())
+    and e / e.sum(), and give the same bits: the sum runs left to right as numba's)."""
+    top = z[0]
+    for j in range(1, z.size):
+        if z[j] > top:
+            top = z[j]
+    total = 0.0
+    for j in range(z.size):
+        S[j] = math.exp(z[j] - top)
+        total += S[j]
+    for j in range(z.size):
+        S[j] /= total
+
+
+@njit(cache=True)
 def _full_step(states, weights, V, W_right, P, eta, eps, update):
     """One GD step of the full model in place; returns (loss, mean attention (N,)) before the step, or loss = inf
     when some f_y + ε <= 0. ∇_W l = Σ_j g_j x̃_j x̃_Nᵀ with x̃_N = [0; p_N]: only W_right = W[:, K:] (the columns
@@ -108,22 +124,27 @@ def _full_step(states, weights, V, W_right, P, eta, eps, update):
     n, N = states.shape
     K = V.shape[0]
     M = P.shape[0]
-    p_N = P[:, N - 1].copy()
-    h = W_right @ p_N  # W x̃_N, the same for every sequence
-    q = P.T @ h[K:]  # positional part of the logits
+    p_N = np.empty(M)
+    for b in range(M):
+        p_N[b] = P[b, N - 1]
+    # BLAS products into preallocated outputs: np.dot(A, x, out) is the BLAS call A @ x makes, without its wrapper
+    h = np.empty(K + M)
+    np.dot(W_right, p_N, h)  # W x̃_N, the same for every sequence
+    q = np.empty(N)
+    np.dot(P.T, h[K:], q)  # positional part of the logits
     grad_V = np.zeros((K, K))
     c_x = np.zeros(K + M)
     g_pos = np.zeros(N)
     mean_S = np.zeros(N)
     z = np.empty(N)
+    S = np.empty(N)
     loss = 0.0
     for i in range(n):
         y = states[i, N - 1]
         for j in range(N - 1):
             z[j] = h[states[i, j]] + q[j]
         z[N - 1] = q[N - 1]
-        e = np.exp(z - z.max())
-        S = e / e.sum()
+        _softmax_into(z, S)
         f_y = 0.0
         for j in range(N - 1):
             f_y += S[j] * V[y, states[i, j]]
@@ -139,10 +160,14 @@ def _full_step(states, weights, V, W_right, P, eta, eps, update):
             c_x[s] += w * g
             g_pos[j] += w * g
         g_pos[N - 1] += -w * dl * S[N - 1] * f_y
-        mean_S += w * S
+        for j in range(N):
+            mean_S[j] += w * S[j]
     if not update:
         return loss, mean_S
-    c_x[K:] += P @ g_pos
+    positional = np.empty(M)
+    np.dot(P, g_pos, positional)
+    for b in range(M):
+        c_x[K + b] += positional[b]
     for a in range(K + M):
         for b in range(M):
             W_right[a, b] -= eta * c_x[a] * p_N[b]
@@ -159,16 +184,27 @@ def _full_loop(states, weights, V, W_right, P, eta, eps, record_steps):
     V_rec = np.empty((n_records, K, K))
     S_rec = np.empty((n_records, N))
     loss_rec = np.empty(n_records)
+    V_before = np.empty((K, K))
     j = 0
     last = record_steps[-1]
     for t in range(last + 1):
-        V_before = V.copy()
+        # Element loops instead of V.copy(), np.all(np.isfinite(V)) and row assignments: those compile far slower.
+        for a in range(K):
+            for b in range(K):
+                V_before[a, b] = V[a, b]
         loss, mean_S = _full_step(states, weights, V, W_right, P, eta, eps, t < last)  # state t, then step t → t + 1
-        if not np.isfinite(loss) or not np.all(np.isfinite(V)):
+        finite = math.isfinite(loss)
+        for a in range(K):
+            for b in range(K):
+                finite = finite and math.isfinite(V[a, b])
+        if not finite:
             return V_rec, S_rec, loss_rec, t
         if j < n_records and record_steps[j] == t:
-            V_rec[j] = V_before
-            S_rec[j] = mean_S
+            for a in range(K):
+                for b in range(K):
+                    V_rec[j, a, b] = V_before[a, b]
+            for b in range(N):
+                S_rec[j, b] = mean_S[b]
             loss_rec[j] = loss
             j += 1
     return V_rec, S_rec, loss_rec, -1
@@ -178,20 +214,37 @@ def _full_loop(states, weights, V, W_right, P, eta, eps, record_steps):
 def _full_accuracy_kernel(states, V, W_right, P):
     n, N = states.shape
     K = V.shape[0]
-    h = W_right @ P[:, N - 1].copy()
-    q = P.T @ h[K:]
+    M = P.shape[0]
+    p_N = np.empty(M)
+    for b in range(M):
+        p_N[b] = P[b, N - 1]
+    h = np.empty(K + M)
+    np.dot(W_right, p_N, h)  # as in _full_step
+    q = np.empty(N)
+    np.dot(P.T, h[K:], q)
     z = np.empty(N)
+    S = np.empty(N)
+    f = np.empty(K)
     correct = 0
     for i in range(n):
         for j in range(N - 1):
             z[j] = h[states[i, j]] + q[j]
         z[N - 1] = q[N - 1]
-        e = np.exp(z - z.max())
-        S = e / e.sum()
-        f = np.zeros(K)
+        _softmax_into(z, S)
+        for a in range(K):
+            f[a] = 0.0
         for j in range(N - 1):
-            f += S[j] * V[:, states[i, j]]
-        correct += int(np.argmax(f) == states[i, N - 1])  # argmax returns the first maximiser: smallest label
+            s = states[i, j]
+            for a in range(K):
+                f[a] += S[j] * V[a, s]
+        best = 0  # argmax f: the first maximiser (smallest label), or the first NaN, as np.argmax
+        for a in range(K):
+            if math.isnan(f[a]):
+                best = a
+                break
+            if f[a] > f[best]:
+                best = a
+        correct += int(best == states[i, N - 1])
     return correct / n
 
 
