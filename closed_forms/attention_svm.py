@@ -24,6 +24,7 @@ from attnflow import seeding
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.max_margin import equality_ldp, ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
+from attnflow.closed_forms.softmax import max_propagating_nan
 
 __all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
            "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
@@ -527,22 +528,6 @@ def corr(A, B) -> float:
 # ==================================================================================================
 # Loss and gradient in log scale (§2.3)
 # ==================================================================================================
-
-
-@njit(cache=True)
-def max_propagating_nan(x):
-    """``x.max()`` of a non-empty 1-d array, NaN propagating as in NumPy, as a plain loop (numba compiles the
-    reduction API much more slowly)."""
-    m = x[0]
-    if np.isnan(m):
-        return m
-    for k in range(1, x.size):
-        v = x[k]
-        if np.isnan(v):
-            return v
-        if v > m:
-            m = v
-    return m
 
 
 @njit(cache=True)

@@ -23,6 +23,7 @@ from numba import njit
 
 from . import checks as check
 from .parameters import Parameter, parse_parameters
+from .softmax import softmax_into
 
 __all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
            "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "reduced_losses", "accuracies", "step_one_v", "one_hot_map",
@@ -172,20 +173,9 @@ def _unpack(params):
 
 @njit(cache=True)
 def _softmax(z):
-    """softmax(z), shifted by max z. Scalar loops (they compile several times faster than the array expressions);
-    the sum runs left to right, as numba's ``e.sum()`` does."""
-    n = z.size
-    top = z[0]
-    for k in range(1, n):
-        if z[k] > top:
-            top = z[k]
-    e = np.empty(n)
-    total = 0.0
-    for k in range(n):
-        e[k] = math.exp(z[k] - top)
-        total += e[k]
-    for k in range(n):
-        e[k] /= total
+    """softmax(z), shifted by max z (:func:`softmax_into`), as a new array."""
+    e = np.empty(z.size)
+    softmax_into(z, e)
     return e
 
 

@@ -21,7 +21,8 @@ from scipy import optimize
 from attnflow import seeding
 from attnflow.closed_forms import attention_svm as cf
 from attnflow.closed_forms import checks as check
-from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_logit_gradient, max_propagating_nan
+from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_logit_gradient
+from attnflow.closed_forms.softmax import max_propagating_nan
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps

@@ -17,6 +17,7 @@ from attnflow import seeding
 from attnflow.closed_forms import ccmc as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.ccmc import CCMCProblem
+from attnflow.closed_forms.softmax import softmax_into
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
@@ -61,24 +62,6 @@ def attention_logits(E, W) -> np.ndarray:
 # (@) stay: a loop would round differently.
 
 @njit(cache=True)
-def _softmax(scores):
-    """scores ← exp(scores − max) / Σ in place: ``np.exp(scores - scores.max())`` normalised by its ``.sum()``
-    (numpy's max, a NaN propagating, and a left-to-right sum)."""
-    top = scores[0]
-    for j in range(1, scores.size):
-        if math.isnan(top):
-            break
-        if math.isnan(scores[j]) or scores[j] > top:
-            top = scores[j]
-    total = 0.0
-    for j in range(scores.size):
-        scores[j] = math.exp(scores[j] - top)
-        total += scores[j]
-    for j in range(scores.size):
-        scores[j] /= total
-
-
-@njit(cache=True)
 def _attention_output(E, W, C, prompts, exclude):
     n, L = prompts.shape
     K, d = E.shape
@@ -90,7 +73,7 @@ def _attention_output(E, W, C, prompts, exclude):
         q = W @ E[prompts[i, L - 1]]
         for j in range(keys):
             s[j] = E[prompts[i, j]] @ q
-        _softmax(s)
+        softmax_into(s, s)
         for u in range(d):
             value[u] = 0.0
         for j in range(keys):
@@ -191,7 +174,7 @@ def _generate_raw(E, W, C, X0, steps, runs, exclude, kernel_seed):
             s = np.empty(keys)
             for j in range(keys):
                 s[j] = E[out[r, j]] @ q
-            _softmax(s)
+            softmax_into(s, s)
             for u in range(d):
                 value[u] = 0.0
             for j in range(keys):
@@ -359,7 +342,7 @@ def _raw_nll_and_gradient(E, W, prompts, y, exclude):
         q = W @ e_a
         for j in range(keys):
             s[j] = E[prompts[i, j]] @ q
-        _softmax(s)
+        softmax_into(s, s)
         p_y = 0.0
         for j in range(keys):
             if prompts[i, j] == y[i]:
@@ -435,7 +418,7 @@ def _adam_loop(E, W, P, L, steps, batch, lr, beta1, beta2, eps, average_from, ex
             q = W @ e_a
             for j in range(keys):
                 s[j] = E[prompt[j]] @ q
-            _softmax(s)
+            softmax_into(s, s)
             p_y = 0.0
             for j in range(keys):
                 if prompt[j] == y:

@@ -19,6 +19,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms import next_token_scc as cf
 from attnflow.closed_forms.attention_svm import LOG_LOSS_CODE, log_scaled_logit_gradient
 from attnflow.closed_forms.next_token_scc import NTPProblem
+from attnflow.closed_forms.softmax import softmax_into
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
@@ -141,31 +142,13 @@ def _general_head_kernel(E, ids, last, labels, W0, eta, steps, record):
         logit = _logits(E, W, ids, last)
         loss = 0.0
         for i in range(n):
-            m = logit[i, 0]  # the row max, NaN-propagating like numba's .max()
-            for t in range(1, T):
-                if logit[i, t] > m or np.isnan(logit[i, t]):
-                    m = logit[i, t]
-            total = 0.0
-            for t in range(T):
-                s[t] = np.exp(logit[i, t] - m)
-                total += s[t]
-            for t in range(T):
-                s[t] /= total
+            softmax_into(logit[i], s)
             for b in range(K):
                 h[b] = 0.0
             for t in range(T):
                 for b in range(K):
                     h[b] += s[t] * Gram[b, ids[i, t]]
-            m = h[0]
-            for b in range(1, K):
-                if h[b] > m or np.isnan(h[b]):
-                    m = h[b]
-            total = 0.0
-            for b in range(K):
-                prob[b] = np.exp(h[b] - m)
-                total += prob[b]
-            for b in range(K):
-                prob[b] /= total
+            softmax_into(h, prob)
             py = prob[labels[i]]
             loss += (1.0 - py) ** 2 / n
             coef = 2.0 * (1.0 - py) * py

@@ -14,6 +14,7 @@ from numba import njit
 from attnflow.closed_forms import random_walk as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.random_walk import Paths, RandomWalkProblem
+from attnflow.closed_forms.softmax import softmax_into
 
 from .integrate import DivergenceError, iterate_map, map_loop
 from attnflow.seeding import SeedLike, as_seed_sequence, spawn
@@ -101,22 +102,6 @@ def sample_sequences(problem: RandomWalkProblem, n: int, rng: np.random.Generato
 
 
 @njit(cache=True)
-def _softmax_into(z, S):
-    """S = softmax(z), shifted by max z, in scalar loops (they compile several times faster than np.exp(z − z.max())
-    and e / e.sum(), and give the same bits: the sum runs left to right as numba's)."""
-    top = z[0]
-    for j in range(1, z.size):
-        if z[j] > top:
-            top = z[j]
-    total = 0.0
-    for j in range(z.size):
-        S[j] = math.exp(z[j] - top)
-        total += S[j]
-    for j in range(z.size):
-        S[j] /= total
-
-
-@njit(cache=True)
 def _full_step(states, weights, V, W_right, P, eta, eps, update):
     """One GD step of the full model in place; returns (loss, mean attention (N,)) before the step, or loss = inf
     when some f_y + ε <= 0. ∇_W l = Σ_j g_j x̃_j x̃_Nᵀ with x̃_N = [0; p_N]: only W_right = W[:, K:] (the columns
@@ -144,7 +129,7 @@ def _full_step(states, weights, V, W_right, P, eta, eps, update):
         for j in range(N - 1):
             z[j] = h[states[i, j]] + q[j]
         z[N - 1] = q[N - 1]
-        _softmax_into(z, S)
+        softmax_into(z, S)
         f_y = 0.0
         for j in range(N - 1):
             f_y += S[j] * V[y, states[i, j]]
@@ -230,7 +215,7 @@ def _full_accuracy_kernel(states, V, W_right, P):
         for j in range(N - 1):
             z[j] = h[states[i, j]] + q[j]
         z[N - 1] = q[N - 1]
-        _softmax_into(z, S)
+        softmax_into(z, S)
         for a in range(K):
             f[a] = 0.0
         for j in range(N - 1):
