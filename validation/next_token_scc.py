@@ -697,14 +697,17 @@ def nuclear_graph_svm(seed, instances):
                          frobenius_nuclear=fro_nuc, rank_nuc=int(np.sum(np.linalg.svd(nuc.W, compute_uv=False) > 1e-5)),
                          rank_fro=int(np.sum(np.linalg.svd(fro.W, compute_uv=False) > 1e-5))))
     ok = all(r["gap"] <= 1e-6 and r["equality"] < 1e-9 and r["margin_deficit"] < 1e-9 and
-             r["nuclear"] <= r["frobenius_nuclear"] * (1 + 1e-9) for r in rows)
+             # the certificate: lower bound = ‖W*‖_*(1 − gap) ≤ optimum ≤ ‖W^svm_F‖_* (a feasible point); where the
+             # Frobenius solution is itself nuclear-optimal, ‖W*‖_* exceeds it by up to the certified gap
+             r["nuclear"] * (1 - r["gap"]) <= r["frobenius_nuclear"] for r in rows)
     return Outcome(measured=dict(max_gap=max(r["gap"] for r in rows), max_equality=max(r["equality"] for r in rows),
                                  mean_rank_nuc=float(np.mean([r["rank_nuc"] for r in rows])),
                                  mean_rank_fro=float(np.mean([r["rank_fro"] for r in rows]))),
                    predicted=dict(max_gap="≤ 1e-6", max_equality=0.0),
                    labels=dict(max_gap="max relative duality gap", max_equality="max |equality residual|",
                                mean_rank_nuc="mean rank, nuclear", mean_rank_fro="mean rank, Frobenius"),
-                   tolerance="gap ≤ 1e-6, residuals < 1e-9, ‖W*‖_* ≤ ‖W^svm_F‖_*",
+                   tolerance="gap ≤ 1e-6, residuals < 1e-9, ‖W*‖_*(1 − gap) ≤ ‖W^svm_F‖_* (the certified lower "
+                             "bound on the optimum below the Frobenius solution's nuclear norm)",
                    basis="certified primal–dual bounds of the shared nuclear solver; deterministic",
                    passed=ok, details=rows, notes="A certificate, not a trend: the table says everything.")
 

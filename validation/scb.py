@@ -288,6 +288,19 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
     eta_V, eta_Q = eta / problem.K_Q, eta / problem.K_P
     support = problem.Q_star > 0
     state = np.array([c1, c1, (1 - c1) * (T - Qs) / T**2, (1 - c1) / T])  # the Stage-1 entry of docs/scb.md §8.5
+    # The family is closed only while every support entry stays above the threshold η_Qλ = ηλ/K_P (§8.5). On an
+    # instance with a small K_P that fails at the given λ: halve λ until the family's own recursion stays closed.
+    lam_requested = lam
+    for _ in range(20):
+        try:
+            trial = state
+            for _ in range(steps):
+                trial = cf.proximal_family_step(problem, trial, eta_V, eta_Q, lam)
+            break
+        except ValueError:
+            lam /= 2
+    else:
+        raise ValueError(f"the proximal family does not stay closed on this instance even at lam = {lam:.3g}")
 
     def realise(s):
         V, _ = cf.line_point(problem, s[0], 0.0)
@@ -314,10 +327,11 @@ def proximal_bias_and_stage3(seed, lam, eta, c1, steps):
               "normalised error formula": abs(measured_error - formula) < ROUND_OFF,
               "V → V_LS": ls_gap < 1e-8}
     return Outcome(
-        measured={"alpha_v_xi": (float(alpha_V), float(xi)), "max_family_gap": family_gap,
+        measured={"lam": lam, "alpha_v_xi": (float(alpha_V), float(xi)), "max_family_gap": family_gap,
                   "normalised_error": measured_error, "stage3_gap": ls_gap},
         predicted={"alpha_v_xi": "ξ < 1 < α_V", "max_family_gap": 0.0, "normalised_error": formula, "stage3_gap": 0.0},
-        labels={"alpha_v_xi": "(α_V, ξ) at the end", "max_family_gap": "max |family − full map|",
+        labels={"lam": f"λ used (requested {lam_requested:g}; halved while the family would not stay closed)",
+                "alpha_v_xi": "(α_V, ξ) at the end", "max_family_gap": "max |family − full map|",
                 "normalised_error": "‖Q_norm − Q*‖²_μ (predicted Q·b_S'²(Qκ − 1))",
                 "stage3_gap": "Stage-3 max |V − V_LS|"},
         false_fail_rate=None,
