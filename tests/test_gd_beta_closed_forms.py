@@ -384,3 +384,17 @@ def test_lemma_5_1_embedding_makes_the_ltb_compute_gd_beta():
     assert np.max(np.abs(ltb - gd)) <= 1e-12 * np.max(np.abs(gd))
     with pytest.raises(ValueError, match="Gamma"):
         cf.ltb_embedding(beta0, np.eye(2))
+
+
+def test_moments_by_batch_are_the_per_batch_moments_exactly():
+    p = GDBetaProblem.isotropic(d=2, N=4, sigma2=0.25, beta_norm=1.0)
+    pool = dyn.context_pool(p, 12, seed=3, n_batches=3)
+    beta0, Gamma = np.array([0.1, -0.2]), np.array([[0.3, 0.05], [0.0, 0.2]])
+    stacked = cf.conditional_gradient_moments_by_batch(p, pool.X, pool.y, pool.beta, beta0, Gamma, n_batches=3)
+    for b in range(3):
+        part = slice(4 * b, 4 * b + 4)
+        single = cf.conditional_gradient_moments(p, pool.X[part], pool.y[part], pool.beta[part], beta0, Gamma)
+        for s, one in zip(stacked, single):
+            np.testing.assert_array_equal(s[b], one)
+    with pytest.raises(ValueError, match="n_batches"):
+        cf.conditional_gradient_moments_by_batch(p, pool.X, pool.y, pool.beta, beta0, Gamma, n_batches=5)
