@@ -117,3 +117,27 @@ def test_sgd_claim_fails_when_training_is_too_short():
     result = run_claim(select(["gd_beta.sgd_reaches_optimum"])[0], seed=0, steps=20, seeds=2)
     assert result.status == "FAIL"
     assert all(np.isfinite(v) for v in result.measured.values())
+
+
+def test_gradient_noise_claim_fails_when_sigma_is_three_percent_off(monkeypatch):
+    """Σ's entries have relative standard errors of about 0.5% at the quick setting: a 3% error is six of them."""
+    import attnflow.dynamics.gd_beta as dyn
+    real = dyn.gradient_noise_covariance
+    monkeypatch.setattr(dyn, "gradient_noise_covariance", lambda *args: 1.03 * real(*args))
+    result = run_claim(select(["gd_beta.gradient_noise_covariance"])[0], seed=0)
+    assert result.status == "FAIL"
+    assert result.measured["kernel_relative_error"] < 1e-12
+
+
+def test_gradient_noise_claim_fails_when_the_raw_gradient_disagrees_with_the_kernel(monkeypatch):
+    import attnflow.dynamics.gd_beta as dyn
+    real = dyn.minibatch_gradient
+
+    def off(*args):
+        loss, g_beta, g_Gamma = real(*args)
+        return loss, g_beta * (1 + 1e-9), g_Gamma
+
+    monkeypatch.setattr(dyn, "minibatch_gradient", off)
+    result = run_claim(select(["gd_beta.gradient_noise_covariance"])[0], seed=0, n_prompts=100_000,
+                       n_contexts=32_000, kernel_prompts=10)
+    assert result.status == "FAIL" and result.measured["kernel_relative_error"] > 1e-12
