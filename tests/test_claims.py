@@ -141,3 +141,16 @@ def test_gradient_noise_claim_fails_when_the_raw_gradient_disagrees_with_the_ker
     result = run_claim(select(["gd_beta.gradient_noise_covariance"])[0], seed=0, n_prompts=100_000,
                        n_contexts=32_000, kernel_prompts=10)
     assert result.status == "FAIL" and result.measured["kernel_relative_error"] > 1e-12
+
+
+def test_algorithm1_claim_fails_at_a_tiny_budget_and_scales_its_batches_with_the_instance():
+    c = select(["scb.algorithm1_recovers_ground_truth"])[0]
+    small = dict(stage1=(40, 2000), stage2=(150, 500), stage3=(80, 1000))
+    result = run_claim(c, seed=0, **small)
+    assert result.status == "FAIL"
+    assert result.measured["relative_error_q"] > 0.05 or result.measured["relative_error_v"] > 0.05
+    # λ and the batches follow K_P: λ = 0.01·K_P/0.1, and the samples are the scaled batches times the steps
+    scale = 0.1 / result.measured["k_p"]
+    assert result.measured["lambda"] == pytest.approx(0.01 / scale, rel=1e-12)
+    expected = sum(steps * round(batch * scale) for steps, batch in small.values())
+    assert abs(result.measured["samples"] - expected) <= 3
