@@ -478,8 +478,25 @@ def _execute_in_workers(pending: list[Task], n_jobs: int):
         for future in as_completed(futures):
             yield future.result()
     except BaseException:  # Ctrl-C, SIGTERM, a failing task, or the consumer closing the generator
+        _forget_queued_task_ids(executor)
         executor.shutdown(wait=False, kill_workers=True)  # cancels what has not started, kills what has
         raise
+
+
+def _forget_queued_task_ids(executor) -> None:
+    """Empty the pool's queue of task ids before a killing shutdown. loky's shutdown with ``kill_workers`` drops the
+    tasks that have not started but not their ids, and its manager thread then looks the next id up and dies on a
+    KeyError, whose traceback was printed after "interrupted". The tasks themselves are still cancelled."""
+    import queue
+
+    ids = getattr(executor, "_work_ids", None)
+    if ids is None:  # another loky: nothing to do but let it print
+        return
+    try:
+        while True:
+            ids.get_nowait()
+    except queue.Empty:
+        pass
 
 
 def scaling_fit(result: SweepResult, *, n_boot: int = 2000, level: float = 0.95) -> ExponentFit:
