@@ -71,6 +71,11 @@ def test_table_keeps_a_row_per_stochastic_claim_and_skips_deterministic_ones(tmp
     assert f"| `{CLAIM}` | 2 | 0 | 0 |" in text and "1 of 1 claims calibrated" in text
     assert main(arguments) == 0  # a rerun resumes from the store and rewrites the same row
     assert calibration.read_table(table) == rows
+    # a row left by a claim that has since become deterministic is removed, and the rerun says so
+    calibration.update_table(table, dict(row, claim="attention_svm.single_input_svm"))
+    assert main(arguments) == 0
+    assert "its old row is removed" in capsys.readouterr().err
+    assert calibration.read_table(table) == rows and "1 of 1 claims calibrated" in table.read_text()
 
 
 def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):

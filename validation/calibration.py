@@ -163,16 +163,31 @@ def write_table(markdown, entries: dict[str, dict]) -> None:
     sweep.write_atomically(markdown, render_table(rows))
 
 
-def update_table(markdown, entry: dict) -> None:
-    """Merge one row into the table on disk: read, replace the claim's row, write, under an exclusive lock, so
-    calibrations of different claims may run side by side into one table."""
+def _edit_table(markdown, edit) -> bool:
+    """Apply ``edit(entries) -> changed`` to the table on disk under an exclusive lock, so calibrations of
+    different claims may run side by side into one table; write it only if something changed."""
     markdown = Path(markdown)
     with open(markdown.with_suffix(".lock"), "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)
         entries = read_table(markdown)
-        entries[entry["claim"]] = entry
-        write_table(markdown, entries)
+        changed = edit(entries)
+        if changed:
+            write_table(markdown, entries)
+        return changed
+
+
+def update_table(markdown, entry: dict) -> None:
+    """Merge one row into the table on disk: read, replace the claim's row, write."""
+    _edit_table(markdown, lambda entries: entries.update({entry["claim"]: entry}) or True)
+
+
+def drop_from_table(markdown, claim: str) -> bool:
+    """Remove a claim's row (one found deterministic is not listed); True if there was one. A table that does not
+    exist yet is left alone."""
+    if not _sidecar(Path(markdown)).exists():
+        return False
+    return _edit_table(markdown, lambda entries: entries.pop(claim, None) is not None)
 
 
 def _seed_list(seeds, shown: int = 5) -> str:

@@ -238,7 +238,9 @@ def _calibrate_table(args) -> int:
         options = dict(first_seed=args.seed, store=store, n_jobs=args.jobs, scheduler=args.scheduler)
         # Two seeds say whether the claim depends on its seed at all; the store keeps them for the full run.
         if not calibration.depends_on_seed(claim.name, **options):
-            print(f"{claim.name}: deterministic (the same numbers at two seeds), not calibrated", file=sys.stderr)
+            dropped = calibration.drop_from_table(args.table, claim.name)
+            print(f"{claim.name}: deterministic (the same numbers at two seeds), not calibrated"
+                  + (f"; its old row is removed from {args.table}" if dropped else ""), file=sys.stderr)
             continue
         found = calibration.calibrate(claim.name, seeds=args.seeds, progress=wanted(quiet=args.no_progress),
                                       **options)
