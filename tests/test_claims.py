@@ -154,3 +154,11 @@ def test_algorithm1_claim_fails_at_a_tiny_budget_and_scales_its_batches_with_the
     assert result.measured["lambda"] == pytest.approx(0.01 / scale, rel=1e-12)
     expected = sum(steps * round(batch * scale) for steps, batch in small.values())
     assert abs(result.measured["samples"] - expected) <= 3
+
+
+def test_gradient_noise_claim_refuses_bad_settings_naming_them():
+    c = select(["gd_beta.gradient_noise_covariance"])[0]
+    for settings, name in ((dict(n_prompts=1), "n_prompts must be >= 2"), (dict(n_prompts=2.5), "n_prompts must be an integer"),
+                           (dict(kernel_prompts=0), "kernel_prompts must be >= 1")):
+        result = run_claim(c, seed=0, n_contexts=16_000, **settings)
+        assert result.status == "ERROR" and f"ValueError: {name}" in result.notes

@@ -7,6 +7,7 @@ from scipy import stats as scipy_stats
 from scipy.optimize import minimize
 
 from attnflow import seeding
+from attnflow.closed_forms import checks as check
 from attnflow.closed_forms import gd_beta as cf
 from attnflow.closed_forms.gd_beta import GDBetaProblem
 from attnflow.dynamics import gd_beta as dyn
@@ -871,6 +872,23 @@ def _per_prompt_gradients(prompts, beta0, Gamma) -> np.ndarray:
     return 2.0 * residual[:, None] * np.concatenate([d_beta0, d_Gamma.reshape(len(x_q), -1)], axis=1)
 
 
+def _kernel_disagreement(problem, prompts, grads, beta0, Gamma, count: int) -> float:
+    """Largest relative difference between ``grads`` and the training kernel's gradients on batches of one, over the
+    first ``count`` prompts."""
+    worst = 0.0
+    for i in range(min(count, len(grads))):
+        one = slice(i, i + 1)
+        _, g_beta, g_Gamma = dyn.minibatch_gradient(problem, dyn.Prompts(
+            X=prompts.X[one], y=prompts.y[one], x_query=prompts.x_query[one], y_query=prompts.y_query[one],
+            beta=prompts.beta[one]), beta0, Gamma)
+        kernel = np.concatenate([g_beta, g_Gamma.ravel()])
+        worst = max(worst, float(np.abs(kernel - grads[i]).max() / (np.abs(grads[i]).max() + 1.0)))
+    return worst
+
+
+PROMPT_CHUNK = 100_000  # prompts per brute-force chunk: bounded memory whatever n_prompts
+
+
 @claim(
     "gd_beta.gradient_noise_covariance",
     reference=f"{PAPER}: the per-prompt gradient of the squared loss (5.1); docs/gd_beta.md §12",
@@ -884,6 +902,8 @@ def _per_prompt_gradients(prompts, beta0, Gamma) -> np.ndarray:
     full=dict(d=3, N=20, n_contexts=256_000, n_prompts=4_000_000, kernel_prompts=1000),
 )
 def gradient_noise_covariance(seed, d, N, n_contexts, n_prompts, kernel_prompts):
+    n_prompts = check.integer(n_prompts, "n_prompts", minimum=2)
+    kernel_prompts = check.integer(kernel_prompts, "kernel_prompts", minimum=1)
     problem_seed, point_seed, pool_seed, prompt_seed = seed.spawn(4)
     problem = GDBetaProblem.random(d, N, seed=problem_seed, sigma2=0.5, beta_norm=1.0)
     rng = np.random.default_rng(point_seed)
@@ -899,18 +919,11 @@ def gradient_noise_covariance(seed, d, N, n_contexts, n_prompts, kernel_prompts)
     gradient = cf.flow_state(*cf.risk_gradient(problem, beta0, Gamma))
     prompt_rng = np.random.default_rng(prompt_seed)
     sum_c, sum_cc, sum_squares = np.zeros(p), np.zeros((p, p)), np.zeros(len(upper[0]))
-    kernel_error = 0.0
-    for start in range(0, n_prompts, 100_000):
-        prompts = dyn.sample_prompts(problem, min(100_000, n_prompts - start), prompt_rng)
+    for start in range(0, n_prompts, PROMPT_CHUNK):
+        prompts = dyn.sample_prompts(problem, min(PROMPT_CHUNK, n_prompts - start), prompt_rng)
         grads = _per_prompt_gradients(prompts, beta0, Gamma)
         if start == 0:  # the training kernel on batches of one gives the same gradients
-            for i in range(min(kernel_prompts, len(grads))):
-                one = slice(i, i + 1)
-                _, g_beta, g_Gamma = dyn.minibatch_gradient(problem, dyn.Prompts(
-                    X=prompts.X[one], y=prompts.y[one], x_query=prompts.x_query[one],
-                    y_query=prompts.y_query[one], beta=prompts.beta[one]), beta0, Gamma)
-                kernel = np.concatenate([g_beta, g_Gamma.ravel()])
-                kernel_error = max(kernel_error, float(np.abs(kernel - grads[i]).max() / (np.abs(grads[i]).max() + 1.0)))
+            kernel_error = _kernel_disagreement(problem, prompts, grads, beta0, Gamma, kernel_prompts)
         c = grads - gradient
         sum_c += c.sum(axis=0)
         sum_cc += c.T @ c
