@@ -23,9 +23,9 @@ from .errors import DivergenceError, StageFailure
 from .integrate import iterate_map, map_loop, solve_dopri5
 from . import progress, sampling
 from .diffusion import pool_size
-from .montecarlo import Trajectory
+from .montecarlo import MAX_STEPS, Trajectory
 
-__all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "run_stage", "run_algorithm1",
+__all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "MAX_STAGE_BATCH", "run_stage", "run_algorithm1",
            "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "rounding_threshold", "rounding_finds_supports",
            "transfer_step", "run_transfer", "relative_errors",
            "round_columns", "round_to_supports", "RECORD_NAMES", "BLOWUP", "population", "minibatch", "ETA",
@@ -343,6 +343,9 @@ RECORD_NAMES = ("step", "alpha_V", "alpha_Q", "dist_V", "dist_Q", "colsum_V", "s
                 "dist_Q_normalised")
 
 
+MAX_STAGE_BATCH = 10_000_000  # largest samples per step of a stage; `attnflow simulate scb` has the same bound
+
+
 @dataclass(frozen=True)
 class StageSettings:
     """One stage: ``steps`` minibatch steps of size ``batch`` with normalised step η (η_V = η/K_Q, η_Q = η/K_P,
@@ -358,6 +361,13 @@ class StageSettings:
     def __post_init__(self):
         object.__setattr__(self, "steps", check.integer(self.steps, "steps", minimum=0))
         object.__setattr__(self, "batch", check.integer(self.batch, "batch", minimum=1))
+        # Samples are streamed, so no memory limit binds: these bound the time, refused before any work.
+        if self.steps > MAX_STEPS:
+            raise ValueError(f"steps must be <= {MAX_STEPS} (a longer stage is a typo, not an experiment), "
+                             f"got {self.steps}")
+        if self.batch > MAX_STAGE_BATCH:
+            raise ValueError(f"batch must be <= {MAX_STAGE_BATCH} samples per step (seconds per step at that size; "
+                             f"the bound is attnflow.dynamics.scb.MAX_STAGE_BATCH), got {self.batch}")
         object.__setattr__(self, "eta", check.real(self.eta, "eta", minimum=0.0, strict=True))
         object.__setattr__(self, "lam", check.real(self.lam, "lam", minimum=0.0))
         if self.eta_V is not None:  # 0 freezes V (the transfer step)

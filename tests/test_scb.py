@@ -45,6 +45,11 @@ def test_bad_steps_and_batches_are_refused():
         dyn.StageSettings(10, 0, 0.25)
     with pytest.raises(ValueError, match="eta must be > 0"):
         dyn.StageSettings(10, 100, 0.0)
+    # no unbounded run: a stage that would stream for days is refused before any work, naming the bound
+    with pytest.raises(ValueError, match="batch must be <= 10000000 samples per step"):
+        dyn.StageSettings(10, dyn.MAX_STAGE_BATCH + 1, 0.25)
+    with pytest.raises(ValueError, match="steps must be <= 10000000"):
+        dyn.StageSettings(10**9, 100, 0.25)
     with pytest.raises(ValueError, match="V must have shape"):
         cf.population_risk(EXAMPLE, np.eye(4), EXAMPLE.Q_star)
 

@@ -1219,7 +1219,7 @@ SYSTEM = System(
         *(Parameter(f"stage{k}_{what}", "integer", default, f"Stage {k}: {label}", minimum=1, maximum=maximum)
           for k, steps, batch in ((1, 40, 8000), (2, 150, 2000), (3, 80, 4000))
           for what, default, label, maximum in (("steps", steps, "steps", 1_000_000),
-                                                ("batch", batch, "samples per step", 10_000_000))),
+                                                ("batch", batch, "samples per step", dyn.MAX_STAGE_BATCH))),
     ),
     summary=summary,
     latex=symbolic.scb_latex,
