@@ -23,7 +23,7 @@ from numba import njit
 
 from . import checks as check
 from .parameters import Parameter, parse_parameters
-from .softmax import softmax_into
+from .softmax import max_propagating_nan, softmax_into
 
 __all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
            "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "reduced_losses", "accuracies", "step_one_v", "one_hot_map",
@@ -257,10 +257,7 @@ def _accuracy_kernel(x, params):
             for k in range(N - 1):
                 acc += S[k] * v[(r + int(d[row + k])) % K]
             g[r] = acc
-        top = g[0]  # max g, NaN if any (as g.max())
-        for r in range(1, K):
-            if g[r] > top or math.isnan(g[r]):
-                top = g[r]
+        top = max_propagating_nan(g)
         if g[0] != top:
             continue
         wins = 0
