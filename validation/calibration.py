@@ -179,7 +179,12 @@ def _edit_table(markdown, edit) -> bool:
 
 def update_table(markdown, entry: dict) -> None:
     """Merge one row into the table on disk: read, replace the claim's row, write."""
-    _edit_table(markdown, lambda entries: entries.update({entry["claim"]: entry}) or True)
+
+    def replace_row(entries):
+        entries[entry["claim"]] = entry
+        return True
+
+    _edit_table(markdown, replace_row)
 
 
 def drop_from_table(markdown, claim: str) -> bool:

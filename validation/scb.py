@@ -421,7 +421,7 @@ def algorithm1_recovers_ground_truth(seed, N, T, sparsity, stage1, stage2, stage
         labels={"relative_error_v": "relative error of V", "relative_error_q": "relative error of Q",
                 "max_invariant_violation": "max invariant violation", "samples": "samples",
                 "threshold_violations": "soft-threshold violations (q < −η_Qλ)", "k_p": "K_P of the instance",
-                "lambda": "λ = 0.01·K_P/0.1"},
+                "lambda": f"λ = {lam * scale:g}·K_P/{REFERENCE_K_P:g}"},
         false_fail_rate=None,
         tolerance=f"both relative errors below 0.05; invariants below {ROUND_OFF:g}",
         basis="recovery to 5% relative error (docs/scb.md §10, C12) at batches and λ scaled with K_P (§10.5); the "

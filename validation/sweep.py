@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import queue
 import shutil
 import tempfile
 import time
@@ -487,8 +488,6 @@ def _forget_queued_task_ids(executor) -> None:
     """Empty the pool's queue of task ids before a killing shutdown. loky's shutdown with ``kill_workers`` drops the
     tasks that have not started but not their ids, and its manager thread then looks the next id up and dies on a
     KeyError, whose traceback was printed after "interrupted". The tasks themselves are still cancelled."""
-    import queue
-
     ids = getattr(executor, "_work_ids", None)
     if ids is None:  # another loky: nothing to do but let it print
         return
