@@ -143,6 +143,23 @@ def test_gradient_noise_claim_fails_when_the_raw_gradient_disagrees_with_the_ker
     assert result.status == "FAIL" and result.measured["kernel_relative_error"] > 1e-12
 
 
+def test_gaussian_proxy_claim_fails_when_the_proxy_spreads_a_third_too_wide(monkeypatch):
+    """The proxy's paths pushed 1.3× away from their mean (variance ×1.69) fail at the asserted checkpoints; the
+    first checkpoint, the LNA's early transient, is reported and not asserted."""
+    import attnflow.dynamics.gd_beta as dyn
+    real = dyn.sgd_gaussian_noise_paths
+
+    def wide(*args, **kwargs):
+        paths = real(*args, **kwargs)
+        return paths.mean(axis=0) + 1.3 * (paths - paths.mean(axis=0))
+
+    monkeypatch.setattr(dyn, "sgd_gaussian_noise_paths", wide)
+    result = run_claim(select(["gd_beta.gaussian_noise_proxy"])[0], seed=0, runs=4, paths=32, n_contexts=1000)
+    assert result.status == "FAIL"
+    assert [row["asserted"] for row in result.details] == [False, True, True]
+    assert all(not row["passed"] for row in result.details[1:])
+
+
 def test_algorithm1_claim_fails_at_a_tiny_budget_and_scales_its_batches_with_the_instance():
     c = select(["scb.algorithm1_recovers_ground_truth"])[0]
     small = dict(stage1=(40, 2000), stage2=(150, 500), stage3=(80, 1000))

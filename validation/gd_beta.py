@@ -1053,8 +1053,9 @@ def lna_matches_sgd_spread(seed, beta_norm_H, batch_sizes, runs, steps, lr, n_co
     "gd_beta.gaussian_noise_proxy",
     reference=f"{PAPER}: SGD on GD-β (5.1); the 'population gradient + Gaussian noise' proxy; docs/gd_beta.md §12",
     statement="With the gradient-noise covariance Σ(θ) (estimated, docs/gd_beta.md §12), the Gaussian-noise proxy θ ← θ − η∇R(θ) + "
-              "(η/√B)Σ(θ)^{1/2}ξ has the spread the LNA predicts at a small batch (its linearisation), while real "
-              "minibatch SGD is reported beside both: where the Gaussian description fails and by how much.",
+              "(η/√B)Σ(θ)^{1/2}ξ has the spread the LNA predicts at a small batch (its linearisation) once past the "
+              "early transient (asserted at steps/2 and steps; at steps/4 the LNA's second-order error is reported), "
+              "while real minibatch SGD is reported beside both: where the Gaussian description fails and by how much.",
     quick=dict(beta_norm_H=2.0, batch_size=32, runs=128, paths=64, steps=100, lr=0.05, n_contexts=2000),
     full=dict(beta_norm_H=2.0, batch_size=32, runs=512, paths=256, steps=200, lr=0.05, n_contexts=8000),
 )
@@ -1068,7 +1069,10 @@ def gaussian_noise_proxy(seed, beta_norm_H, batch_size, runs, paths, steps, lr, 
                                          record_every=record_every)
     sgd = _sgd_paths(problem, batch_size, steps, lr, sgd_seed, runs, record_every)
     checkpoints = _checkpoints(band, steps)
-    alpha = DIFFUSION_FAMILY_RATE / len(checkpoints)
+    # The first checkpoint (steps/4) is reported, not asserted: there the LNA's second-order error, from the drift's
+    # nonlinearity, is +3.4% ± 0.7% of the spread over 200 pools (docs/gd_beta.md §12), 0.4 of this test's sd.
+    asserted = checkpoints[1:]
+    alpha = DIFFUSION_FAMILY_RATE / len(asserted)
     traces, trace_ses = band.total_variance()
     rows = []
     for i in checkpoints:
@@ -1090,7 +1094,7 @@ def gaussian_noise_proxy(seed, beta_norm_H, batch_size, runs, paths, steps, lr, 
                          interval_low=low, interval_high=high, sgd_over_lna=sgd_variance / predicted,
                          sgd_interval=(sgd_low, sgd_high),
                          sgd_over_proxy=sgd_variance / proxy_variance, f_interval=(f_low, f_high),
-                         passed=bool(low <= proxy_variance / predicted <= high)))
+                         asserted=i in asserted, passed=bool(low <= proxy_variance / predicted <= high)))
     for row in rows:
         row["sgd_outside_lna_interval"] = not (row["sgd_interval"][0] <= row["sgd_over_lna"] <= row["sgd_interval"][1])
         row["sgd_outside_proxy_interval"] = not (row["f_interval"][0] <= row["sgd_over_proxy"] <= row["f_interval"][1])
@@ -1107,6 +1111,10 @@ def gaussian_noise_proxy(seed, beta_norm_H, batch_size, runs, paths, steps, lr, 
             plots.acceptance_intervals(ax, x + shift, np.array([r[key] for r in rows]), bounds, color=color,
                                        marker=marker, label=label)
         ax.axhline(1.0, **plots.THEORY, label="LNA (ratio 1)")
+        first_asserted = min(r["step"] for r in rows if r["asserted"])
+        ax.axvspan(0, 0.5 * (x[0] + first_asserted), color="0.92", zorder=0,
+                   label="early transient: proxy / LNA reported, not asserted")
+        ax.set_xlim(0, 1.05 * steps)
         plots.finish(ax, f"Spread at B = {batch_size}, η = {lr:g}: total parameter variance over the LNA's",
                      "SGD step", "variance ratio", logy=True)
         plots.legend_below(ax)
@@ -1117,14 +1125,19 @@ def gaussian_noise_proxy(seed, beta_norm_H, batch_size, runs, paths, steps, lr, 
         measured={**{f"proxy_over_lna_step{r['step']}": r["proxy_over_lna"] for r in rows},
                   **{f"sgd_over_lna_step{r['step']}": r["sgd_over_lna"] for r in rows}},
         predicted={f"proxy_over_lna_step{r['step']}": 1.0 for r in rows},
-        labels={**{f"proxy_over_lna_step{r['step']}": f"Var proxy / Var LNA, step {r['step']}" for r in rows},
+        labels={**{f"proxy_over_lna_step{r['step']}": f"Var proxy / Var LNA, step {r['step']}"
+                   + ("" if r["asserted"] else " (reported: the LNA's early second-order error)") for r in rows},
                 **{f"sgd_over_lna_step{r['step']}": f"Var SGD / Var LNA, step {r['step']} (reported)" for r in rows}},
-        tolerance=f"proxy / LNA inside its two-sided χ²_ν/ν interval at level {alpha:.1g} at each checkpoint; SGD "
-                  "is reported with its own interval, not asserted",
+        tolerance=f"proxy / LNA inside its two-sided χ²_ν/ν interval at level {alpha:.1g} at steps "
+                  f"{', '.join(str(r['step']) for r in rows if r['asserted'])}; step {first['step']} and SGD are "
+                  "reported with their own intervals, not asserted",
         basis=f"{paths} proxy paths and {runs} SGD runs; Satterthwaite's ν from the LNA's eigenvalues; Bonferroni at "
-              f"family-wise rate {DIFFUSION_FAMILY_RATE:g} over {len(rows)} checkpoints",
-        passed=all(r["passed"] for r in rows), details=rows, figure=figure, false_fail_rate=DIFFUSION_FAMILY_RATE,
-        notes=f"At step {first['step']} real SGD spreads {first['sgd_over_lna']:.2f}× the LNA variance "
+              f"family-wise rate {DIFFUSION_FAMILY_RATE:g} over {len(asserted)} checkpoints",
+        passed=all(r["passed"] for r in rows if r["asserted"]), details=rows, figure=figure,
+        false_fail_rate=DIFFUSION_FAMILY_RATE,
+        notes=f"At step {first['step']} the proxy's spread is {first['proxy_over_lna']:.2f}× the LNA's (reported: the "
+              "LNA drops terms of relative order η·tr Σ/B, measured at +3.4% here on average). "
+              f"Real SGD spreads {first['sgd_over_lna']:.2f}× the LNA variance "
               f"({'outside' if first['sgd_outside_lna_interval'] else 'inside'} its interval "
               f"[{first['sgd_interval'][0]:.2f}, {first['sgd_interval'][1]:.2f}]), the Gaussian proxy "
               f"{first['proxy_over_lna']:.2f}×: Gaussian noise of the same covariance "
