@@ -173,6 +173,15 @@ def test_algorithm1_claim_fails_at_a_tiny_budget_and_scales_its_batches_with_the
     assert abs(result.measured["samples"] - expected) <= 3
 
 
+def test_proximal_claim_fails_when_stage2_is_too_short_and_scales_batch_and_lambda_with_the_instance():
+    """Three Stage-2 steps leave SGD no time to drift away from Stage 1's point, so the proximal route does not win."""
+    result = run_claim(select(["scb.proximal_beats_sgd"])[0], seed=0, steps=3)
+    assert result.status == "FAIL"
+    scale = 0.1 / result.measured["k_p"]
+    assert result.measured["batch"] == round(1000 * scale)
+    assert result.measured["lambda"] == pytest.approx(0.005 / scale, rel=1e-12)
+
+
 def test_gradient_noise_claim_refuses_bad_settings_naming_them():
     c = select(["gd_beta.gradient_noise_covariance"])[0]
     for settings, name in ((dict(n_prompts=1), "n_prompts must be >= 2"), (dict(n_prompts=2.5), "n_prompts must be an integer"),
