@@ -78,6 +78,33 @@ def test_table_keeps_a_row_per_stochastic_claim_and_skips_deterministic_ones(tmp
     assert calibration.read_table(table) == rows and "1 of 1 claims calibrated" in table.read_text()
 
 
+def test_verify_carries_a_row_forward_only_when_its_witness_seeds_reproduce(tmp_path, capsys):
+    table = tmp_path / "calibration.md"
+    store = str(tmp_path / "store")
+    assert main(["calibrate", "--table", str(table), CLAIM, "--seeds", "3", "--jobs", "1", "--store", store,
+                 "--no-progress"]) == 0
+    row = calibration.read_table(table)[CLAIM]
+    assert [w[0] for w in row["witnesses"]] == [0, 1] and all(w[1] == "PASS" for w in row["witnesses"])
+    verify = ["calibrate", "--table", str(table), "--verify", "--jobs", "1", "--store", str(tmp_path / "fresh")]
+    capsys.readouterr()
+    assert main(verify) == 0 and f"{CLAIM}: current" in capsys.readouterr().out
+    # a row computed by other code whose witness seeds reproduce is carried forward, naming the code that computed it
+    calibration.update_table(table, dict(row, code="0" * 16))
+    assert main(verify) == 0 and f"{CLAIM}: carried" in capsys.readouterr().out
+    carried = calibration.read_table(table)[CLAIM]
+    assert carried == dict(row, computed_by="0" * 16)
+    assert f"`{row['code'][:8]}` (`00000000`)" in table.read_text()
+    # a witness that does not reproduce, or none at all, leaves the row stale and says so
+    changed = dict(row, code="1" * 16, witnesses=[row["witnesses"][0], [1, "PASS", "f" * 16]])
+    calibration.update_table(table, changed)
+    assert main(verify) == 1 and f"{CLAIM}: changed at seed 1: recalibrate" in capsys.readouterr().out
+    assert calibration.read_table(table)[CLAIM] == changed
+    calibration.update_table(table, dict(changed, witnesses=[]))
+    assert main(verify) == 1 and "no witnesses: recalibrate" in capsys.readouterr().out
+    assert main(["calibrate", CLAIM, "--verify"]) == 2
+    assert main(verify + ["gd_beta.lsa_gap"]) == 2 and "no row" in capsys.readouterr().err
+
+
 def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
     table = tmp_path / "calibration.md"
     table.with_suffix(".json").write_text("{truncated")

@@ -11,6 +11,11 @@ hundred seeds, so 1% is the resolution asked of them). An ERROR is counted as a 
 
 A calibration table (docs/calibration.md, with its machine-readable twin docs/calibration.json) collects one
 entry per stochastic claim; :func:`write_table` rewrites both after every claim, so a long run loses nothing.
+
+Each row keeps the fingerprint of the code that computed it and the status and measured-value digest of its first
+seeds (its *witnesses*). After an edit elsewhere in attnflow changes a claim's fingerprint, :func:`verify_row` reruns
+only the witness seeds: if they reproduce bit for bit, the row is carried forward to the new fingerprint (and keeps
+the one that computed it); if not, the numbers changed and the claim must be recalibrated.
 """
 from __future__ import annotations
 
@@ -29,13 +34,15 @@ from . import sweep, systems
 from .stats import clopper_pearson
 
 __all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table",
-           "update_table", "table_entry", "render_table"]
+           "update_table", "table_entry", "render_table", "verify_row", "WITNESSES"]
 
 RESOLUTION = 0.01  # the smallest false-FAIL rate a calibration is asked to resolve
 # The fewest seeds a row of the published table may rest on: 200 for every claim that costs under a second or so
 # per seed, fewer for the slow ones (the row states its count, and its interval is correspondingly wider).
 MIN_TABLE_SEEDS = 20
 LEVEL = 0.95
+# Seeds whose (status, measured digest) a row keeps, so a later edit can be checked by rerunning them alone.
+WITNESSES = 2
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Calibration:
     seconds: float = 0.0  # mean wall time of one seed
     code: str = ""  # fingerprint of the code that computed the seeds (validation/fingerprint.py)
     failing_seeds: tuple = ()  # the --seed of every run not as registered
+    witnesses: tuple = ()  # (seed, status, measured digest) of the first WITNESSES seeds
 
     @property
     def rate(self) -> float:
@@ -94,13 +102,20 @@ def calibrate(claim: str, *, seeds: int, first_seed: int, store=None, n_jobs: in
     # a random seed fails is then the mean of those rates.
     nominal = sum(stated) / len(stated) if stated else None
     low, high = clopper_pearson(alarms, len(statuses), LEVEL)
+    first = sorted(result.records, key=lambda r: r["replicate"])[:WITNESSES]
     return Calibration(claim=found.name, seeds=len(statuses), alarms=alarms,
                        errors=sum(status == "ERROR" for status in statuses), nominal=nominal,
                        low=low, high=high, computed=result.computed, reused=result.reused,
                        seconds=sum(r["seconds"] for r in result.records) / len(result.records),
                        code=result.records[0]["code"],
                        failing_seeds=tuple(first_seed + r["replicate"] for r, status in zip(result.records, statuses)
-                                           if status not in registered))
+                                           if status not in registered),
+                       witnesses=tuple(witness(r, first_seed) for r in first))
+
+
+def witness(record: dict, first_seed: int) -> tuple:
+    """(seed, status, measured digest) of a stored replicate of a calibration from ``first_seed``."""
+    return first_seed + record["replicate"], record["result"]["status"], record["result"].get("measured_digest")
 
 
 def depends_on_seed(claim: str, *, first_seed: int, store=None, n_jobs: int = -1,
@@ -128,7 +143,7 @@ def table_entry(found: Calibration, *, seed: int) -> dict:
     entry = found.as_dict()
     for transient in ("computed", "reused"):
         entry.pop(transient)
-    return dict(entry, seed=seed, code=found.code)
+    return dict(entry, seed=seed, code=found.code, witnesses=[list(w) for w in found.witnesses])
 
 
 def _sidecar(markdown: Path) -> Path:
@@ -195,6 +210,41 @@ def drop_from_table(markdown, claim: str) -> bool:
     return _edit_table(markdown, lambda entries: entries.pop(claim, None) is not None)
 
 
+def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler: str | None = None) -> str:
+    """Check a row against the current code: "current" when its fingerprint is the current one; otherwise rerun its
+    witness seeds and, if each reproduces its status and measured digest bit for bit, carry the row forward to the
+    current fingerprint ("carried"; the row keeps the fingerprint that computed it as ``computed_by``). "changed at
+    seed S" or "no witnesses" leave the row stale: recalibrate it."""
+    entries = read_table(markdown)
+    if claim not in entries:
+        raise ValueError(f"{claim} has no row in {markdown}")
+    row = entries[claim]
+    current = sweep.target_fingerprint(claim)
+    if row["code"] == current:
+        return "current"
+    expected = [tuple(w) for w in row.get("witnesses") or ()]
+    if not expected:
+        return "no witnesses"
+    first = expected[0][0]
+    if [w[0] for w in expected] != list(range(first, first + len(expected))):
+        raise ValueError(f"{claim}: the witness seeds of its row are not consecutive: {[w[0] for w in expected]}")
+    result = sweep.run_replicates(claim, {}, master_seed=first, seeds=len(expected), store=store, runs=True,
+                                  n_jobs=n_jobs, scheduler=scheduler)
+    for record in sorted(result.records, key=lambda r: r["replicate"]):
+        found = witness(record, first)
+        if found != expected[record["replicate"]]:
+            return f"changed at seed {found[0]}"
+
+    def carry(entries):
+        entry = entries.get(claim)
+        if entry is None or entry["code"] != row["code"]:  # recalibrated meanwhile by another process
+            return False
+        entries[claim] = dict(entry, code=current, computed_by=entry.get("computed_by", entry["code"]))
+        return True
+
+    return "carried" if _edit_table(markdown, carry) else "rewritten meanwhile"
+
+
 def _seed_list(seeds, shown: int = 5) -> str:
     more = f" … (+{len(seeds) - shown})" if len(seeds) > shown else ""
     return ", ".join(str(s) for s in seeds[:shown]) + more
@@ -205,6 +255,11 @@ def _percent(value: float) -> str:
         return "0"
     percent = 100 * value
     return f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"
+
+
+def _code(row: dict) -> str:
+    computed_by = row.get("computed_by")
+    return f"`{row['code'][:8]}`" + (f" (`{computed_by[:8]}`)" if computed_by and computed_by != row["code"] else "")
 
 
 def render_table(rows: list[dict]) -> str:
@@ -235,7 +290,10 @@ def render_table(rows: list[dict]) -> str:
         "",
         "which resumes from its store after an interruption and rewrites this file and docs/calibration.json after",
         "every claim. `code` is the fingerprint of the source that computed the row (the claim's module and the",
-        "attnflow modules it imports): a row whose fingerprint differs from the current code's is stale.",
+        "attnflow modules it imports): a row whose fingerprint differs from the current code's is stale. Each row also",
+        f"keeps the status and measured-value digest of its first {WITNESSES} seeds; `attnflow calibrate --table",
+        "docs/calibration.md --verify` reruns only those seeds for every stale row and, when they reproduce bit for",
+        "bit, carries the row forward to the current fingerprint, showing in brackets the one that computed it.",
         "",
         f"{calibrated} of {len(rows)} claims calibrated.",
         "",
@@ -249,5 +307,5 @@ def render_table(rows: list[dict]) -> str:
         verdict = "calibrated" if row["calibrated"] else "**MISCALIBRATED**"
         lines.append(f"| `{row['claim']}` | {row['seeds']} | {row['alarms']}{errors} | {_percent(row['rate'])} | "
                      f"[{_percent(low)}, {_percent(high)}] | {nominal} | {verdict} | {row['seconds_per_seed']:.3g} | "
-                     f"`{row['code'][:8]}` | {_seed_list(row['failing_seeds'])} |")
+                     f"{_code(row)} | {_seed_list(row['failing_seeds'])} |")
     return "\n".join(lines) + "\n"

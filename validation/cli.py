@@ -6,7 +6,7 @@
     attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--describe]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
     attnflow calibrate CLAIM [--seeds N] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--json]
-    attnflow calibrate --table FILE.md [CLAIM or SYSTEM ...] [--seeds N] ...
+    attnflow calibrate --table FILE.md [CLAIM or SYSTEM ...] [--seeds N] [--verify] ...
 
 ``solve`` and ``simulate`` work for every registered system (attnflow.validation.systems): ``--param`` takes the
 Problem's parameters and the options of the population dynamics (solve) or of the minibatch algorithm
@@ -86,6 +86,9 @@ def _build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler to run on")
     calibrate.add_argument("--store", default="attnflow-calibration",
                            help="folder for finished replicates, so a rerun resumes (default attnflow-calibration)")
+    calibrate.add_argument("--verify", action="store_true",
+                           help="with --table: rerun only the witness seeds of each stale row and carry the row "
+                                "forward to the current code if they reproduce bit for bit")
     calibrate.add_argument("--json", action="store_true", help="print JSON (schema attnflow.calibrate/1)")
     calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -196,6 +199,8 @@ def _command_calibrate(args) -> int:
     _check_output_folder(args.store, "--store")
     if args.table is not None:
         return _calibrate_table(args)
+    if args.verify:
+        raise ValueError("--verify checks the rows of a table: give --table FILE.md")
     if len(args.claims) != 1:
         raise ValueError("calibrate one claim (e.g. gd_beta.risk_formula), or several with --table FILE.md")
     claim = args.claims[0]
@@ -230,7 +235,9 @@ def _calibrate_table(args) -> int:
     if args.json:
         raise ValueError(f"--json prints one claim's calibration; the table's JSON twin is written beside {args.table}")
     _check_output_file(args.table, "--table")
-    calibration.read_table(args.table)  # an unreadable table stops here, before any work
+    rows = calibration.read_table(args.table)  # an unreadable table stops here, before any work
+    if args.verify:
+        return _verify_table(args, rows)
     chosen = systems.select(args.claims or None)
     all_calibrated = True
     for claim in chosen:
@@ -248,6 +255,23 @@ def _calibrate_table(args) -> int:
         all_calibrated &= found.calibrated
         print(_calibration_line(found), flush=True)
     return 0 if all_calibrated else 1
+
+
+def _verify_table(args, rows) -> int:
+    """``calibrate --table FILE --verify``: each named row (default every row) checked against the current code."""
+    from . import calibration
+
+    names = [c.name for c in systems.select(args.claims)] if args.claims else sorted(rows)
+    missing = [name for name in names if name not in rows]
+    if missing:
+        raise ValueError(f"no row in {args.table} for {', '.join(missing)}")
+    stale = 0
+    for name in names:
+        verdict = calibration.verify_row(args.table, name, store=f"{args.store.rstrip('/')}/{name}", n_jobs=args.jobs,
+                                         scheduler=args.scheduler)
+        stale += verdict not in ("current", "carried")
+        print(f"{name}: {verdict}" + ("" if verdict in ("current", "carried") else ": recalibrate"), flush=True)
+    return 0 if not stale else 1
 
 
 def _command_sweep(args) -> int:
