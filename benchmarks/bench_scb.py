@@ -2,7 +2,10 @@
 
 Both contenders draw fresh batches from the data model (docs/scb.md §2) and take preconditioned steps
 (docs/scb.md §5, eq. 4); CPU time per sample is measured side by side in this process. The floor is the step's
-GEMM flops at the GEMM rate measured on this core at the kernel's shapes (the sampling is not counted in it).
+GEMM flops at the GEMM rate measured on this core at the kernel's shapes (the sampling is not counted in it). A
+second floor adds the draws themselves: T + 3 draws per sample (docs/scb.md §2) at the rate of the kernel's own
+sampler (xoshiro256+ uniforms and alias picks, timed alone in a compiled loop), the least any exact sampler of
+this data model built from those draws costs.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_scb.py [--batch 4096] [--steps 5] [--json]
 """
@@ -10,9 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 from _common import emit, gemm_rate, parser, side_by_side
+from numba import njit
 
 from attnflow.closed_forms import scb as cf
 from attnflow.dynamics import scb as dyn
+from attnflow.dynamics import sampling
+from attnflow.seeding import generator_state
 
 SIZES = ((20, 64), (50, 128), (100, 256))
 
@@ -51,6 +57,29 @@ def gemm_floor_seconds_per_sample(N: int) -> float:
     return 6.0 * N * N / rate
 
 
+@njit(cache=True)
+def _draw_only(state, uniforms, prob, alias, rounds):
+    """``rounds`` × len(uniforms) alias picks from fresh uniforms: the sampler's cost with nothing else."""
+    total = 0
+    for _ in range(rounds):
+        sampling.fill_uniforms(state, uniforms)
+        for u in uniforms:
+            total += sampling.alias_pick(u, prob, alias)
+    return total
+
+
+def seconds_per_draw(N: int, repeats: int) -> float:
+    """CPU seconds of one uniform plus one alias pick over N outcomes, the median of ``repeats`` timings."""
+    prob, alias = sampling.alias_table(np.full(N, 1.0 / N))
+    uniforms = np.empty(4096)
+    rounds = 256
+    with np.errstate(over="ignore"):
+        state = generator_state(0)
+        _draw_only(state, uniforms, prob, alias, 1)  # compile outside the timing
+        times = side_by_side({"draws": lambda: _draw_only(state, uniforms, prob, alias, rounds)}, repeats)
+    return times["draws"] / (rounds * uniforms.size)
+
+
 def main(argv=None):
     p = parser(__doc__)
     p.add_argument("--batch", type=int, default=4096)
@@ -76,13 +105,16 @@ def main(argv=None):
         samples = args.steps * args.batch
         per_kernel, per_numpy = times["kernel"] / samples, times["numpy"] / samples
         floor = gemm_floor_seconds_per_sample(N)
+        with_draws = floor + (T + 3) * seconds_per_draw(N, args.repeats)
         rows.append([N, T, per_kernel * 1e6, per_numpy * 1e6, per_numpy / per_kernel, floor * 1e6,
-                     per_kernel / floor])
+                     per_kernel / floor, with_draws * 1e6, per_kernel / with_draws])
         ratios[f"scb_kernel_vs_numpy_N{N}_T{T}"] = per_numpy / per_kernel
         ratios[f"scb_kernel_over_gemm_floor_N{N}_T{T}"] = per_kernel / floor
+        ratios[f"scb_kernel_over_gemm_and_draw_floor_N{N}_T{T}"] = per_kernel / with_draws
     emit(f"SCB minibatch step, batch {args.batch}, {args.steps} steps, median CPU of {args.repeats} "
          "(targets: >= 10x numpy, <= 1.5x floor)",
-         ["N", "T", "kernel µs/sample", "numpy µs/sample", "vs numpy", "floor µs/sample", "kernel/floor"],
+         ["N", "T", "kernel µs/sample", "numpy µs/sample", "vs numpy", "GEMM floor µs", "kernel/GEMM floor",
+          "GEMM + draws µs", "kernel/(GEMM + draws)"],
          rows, ratios, args.json)
 
 
