@@ -214,7 +214,9 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     """Check a row against the current code: "current" when its fingerprint is the current one; otherwise rerun its
     witness seeds and, if each reproduces its status and measured digest bit for bit, carry the row forward to the
     current fingerprint ("carried"; the row keeps the fingerprint that computed it as ``computed_by``). "changed at
-    seed S" or "no witnesses" leave the row stale: recalibrate it."""
+    seed S" or "no witnesses" leave the row stale: recalibrate it. Two seeds that reproduce show that the edit did
+    not touch the arithmetic those seeds run through; an edit confined to a branch they never take would pass
+    unseen, so a deliberate change to a claim is recalibrated, not verified."""
     entries = read_table(markdown)
     if claim not in entries:
         raise ValueError(f"{claim} has no row in {markdown}")
