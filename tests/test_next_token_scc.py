@@ -376,6 +376,21 @@ def test_direction_claim_fails_when_the_svm_is_wrong(monkeypatch, fresh_ensemble
     assert result.status == "FAIL"
 
 
+@pytest.mark.parametrize("exponent", [-0.5, 0.1])
+def test_attention_limit_claim_fails_at_the_wrong_rate_or_when_the_mass_grows(monkeypatch, fresh_ensembles, exponent):
+    """Mass outside O_i falling like τ^{-1/2} on every instance (median slope outside −1 ± 0.3), or growing: FAIL."""
+    original = dyn.metrics
+
+    def wrong_rate(run, ref):
+        out = original(run, ref)
+        out["mass_off"] = 1e-3 * np.maximum(run.times, 1.0) ** exponent
+        return out
+    monkeypatch.setattr(dyn, "metrics", wrong_rate)
+    result = run_claim(registered_claims()["next_token_scc.gd_attention_limit"], seed=0, instances=4, steps=4000)
+    assert result.status == "FAIL"
+    assert result.measured["median_slope_paper"] == pytest.approx(exponent)
+
+
 def test_cyclic_claim_fails_when_the_limit_attention_is_wrong(monkeypatch):
     monkeypatch.setattr(cf, "predicted_attention", lambda problem, *a, **k: np.full((problem.n, problem.T), 1 / 3))
     assert run_claim(registered_claims()["next_token_scc.cyclic_finite_limit"], seed=0).status == "FAIL"

@@ -357,8 +357,8 @@ def gd_finite_part(seed, instances, steps):
        reference=f"{PAPER}: consequence of the global convergence theorem for attention; docs/next_token_scc.md §5.1",
        statement="Under GD the attention leaves the low-priority tokens (mass outside O_i → 0, like 1/τ) and inside O_i "
                  "tends to softmax(l^fin): the medians over instances of max_i (mass outside O_i) and of max_i "
-                 "TV(within-O_i attention, softmax(l^fin)) are below 1e-2 at τ, and every instance's mass outside O_i "
-                 "falls over [τ/4, τ] (slope < −0.5).",
+                 "TV(within-O_i attention, softmax(l^fin)) are below 1e-2 at τ, every instance's mass outside O_i "
+                 "falls over [τ/4, τ] (log-log slope < 0), and the median slope lies in (−1.3, −0.7).",
        quick=GD_QUICK, full=GD_FULL)
 def gd_attention_limit(seed, instances, steps):
     rows, groups = [], []
@@ -368,20 +368,24 @@ def gd_attention_limit(seed, instances, steps):
         off, tv = _at(runs, "mass_off", steps), _at(runs, "tv", steps)
         slope = _slope(runs, "mass_off", steps)
         rows.append(dict(config=config, median_off=float(np.median(off)), worst_off=float(off.max()),
-                         median_tv=float(np.median(tv)), worst_tv=float(tv.max()), worst_slope=float(slope.max())))
-    ok = all(r["median_off"] < 1e-2 and r["median_tv"] < 1e-2 and r["worst_slope"] < -0.5 for r in rows)
+                         median_tv=float(np.median(tv)), worst_tv=float(tv.max()), worst_slope=float(slope.max()),
+                         median_slope=float(np.median(slope))))
+    ok = all(r["median_off"] < 1e-2 and r["median_tv"] < 1e-2 and r["worst_slope"] < 0
+             and -1.3 < r["median_slope"] < -0.7 for r in rows)
     measured = {}
     for r in rows:
         c = r["config"]
         measured |= {f"median_mass_off_{c}": r["median_off"], f"median_tv_{c}": r["median_tv"],
-                     f"worst_slope_{c}": r["worst_slope"]}
+                     f"median_slope_{c}": r["median_slope"], f"worst_slope_{c}": r["worst_slope"]}
     return Outcome(measured=measured, predicted=dict(mass_off=0.0, tv=0.0, slope=-1.0),
                    labels={k: k.replace("_", " ") for k in measured},
-                   tolerance="medians < 1e-2; every instance's slope < −0.5",
+                   tolerance="medians < 1e-2; every instance's slope < 0; median slope in (−1.3, −0.7)",
                    basis="mass outside O_i ≈ Σ e^{−margin·log τ} ∝ 1/τ for the tightest strict edges (margin 1 in "
                          "units of W^svm, docs/next_token_scc.md §6.1): ≈ 1e-3 at τ = 2·10⁴; a slowly converging "
-                         "instance (large ‖W^fin‖) may sit above 1e-2 at a finite τ, so its rate is tested, not its "
-                         "level; deterministic given the ensemble",
+                         "instance (large ‖W^fin‖) may sit above 1e-2 at a finite τ, and its slope approaches −1 only "
+                         "like its finite part converges (−0.46 over [5·10³, 2·10⁴] and −0.88 over [4.5·10⁵, 6.4·10⁵] "
+                         "in one of 4000 instances, §6.1), so every instance must fall and the median rate is tested; "
+                         "±0.3 as for the finite part; deterministic given the ensemble",
                    passed=ok, details=rows,
                    figure=_median_figure(groups, "mass_off", "GD: attention outside $O_i$",
                                          "$\\max_i$ mass outside $O_i$", theory=("$\\propto\\tau^{-1}$", lambda k: 1 / k)))
