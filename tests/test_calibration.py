@@ -88,22 +88,32 @@ def test_verify_carries_a_row_forward_only_when_its_witness_seeds_reproduce(tmp_
     verify = ["calibrate", "--table", str(table), "--verify", "--jobs", "1", "--store", str(tmp_path / "fresh")]
     capsys.readouterr()
     assert main(verify) == 0 and f"{CLAIM}: current" in capsys.readouterr().out
+    assert len(row["claim_source"]) == 16
     # a row computed by other code whose witness seeds reproduce is carried forward, naming the code that computed it
     calibration.update_table(table, dict(row, code="0" * 16))
-    assert main(verify) == 0 and f"{CLAIM}: carried" in capsys.readouterr().out
+    assert main(verify + ["gd_beta"]) == 0 and f"{CLAIM}: carried" in capsys.readouterr().out  # a system: its rows
     carried = calibration.read_table(table)[CLAIM]
     assert carried == dict(row, computed_by="0" * 16)
     assert f"`{row['code'][:8]}` (`00000000`)" in table.read_text()
+    # … but not when what the claim asserts was edited, even if its numbers are the same
+    calibration.update_table(table, dict(row, code="0" * 16, claim_source="e" * 16))
+    assert main(verify) == 1 and "the claim's own source changed: recalibrate" in capsys.readouterr().out
     # a witness that does not reproduce, or none at all, leaves the row stale and says so
     changed = dict(row, code="1" * 16, witnesses=[row["witnesses"][0], [1, "PASS", "f" * 16]])
     calibration.update_table(table, changed)
     assert main(verify) == 1 and f"{CLAIM}: changed at seed 1: recalibrate" in capsys.readouterr().out
     assert calibration.read_table(table)[CLAIM] == changed
-    for missing in ([], [[0, "PASS", None], [1, "PASS", None]]):  # none, or from code that stored no digest
+    for missing in ([], [[0, "PASS", None], [1, "PASS", None]], [[0, "PASS"]]):  # none, no digest, malformed
         calibration.update_table(table, dict(changed, witnesses=missing))
         assert main(verify) == 1 and "no witnesses: recalibrate" in capsys.readouterr().out
+    # a current row that is not calibrated is reported and fails the command
+    calibration.update_table(table, dict(row, calibrated=False))
+    assert main(verify) == 1 and f"{CLAIM}: current (MISCALIBRATED)" in capsys.readouterr().out
     assert main(["calibrate", CLAIM, "--verify"]) == 2
     assert main(verify + ["gd_beta.lsa_gap"]) == 2 and "no row" in capsys.readouterr().err
+    assert main(verify + ["--seeds", "5"]) == 2 and "--seeds and --seed do not apply" in capsys.readouterr().err
+    assert main(["calibrate", "--table", str(tmp_path / "none.md"), "--verify"]) == 2
+    assert "no calibration table" in capsys.readouterr().err
 
 
 def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):

@@ -158,6 +158,9 @@ def test_gaussian_proxy_claim_fails_when_the_proxy_spreads_a_third_too_wide(monk
     assert result.status == "FAIL"
     assert [row["asserted"] for row in result.details] == [False, True, True]
     assert all(not row["passed"] for row in result.details[1:])
+    too_short = run_claim(select(["gd_beta.gaussian_noise_proxy"])[0], seed=0, steps=2, runs=4, paths=8,
+                          n_contexts=1000)
+    assert too_short.status == "ERROR" and "ValueError: steps must be >= 4" in too_short.notes
 
 
 def test_algorithm1_claim_fails_at_a_tiny_budget_and_scales_its_batches_with_the_instance():

@@ -391,6 +391,22 @@ def test_attention_limit_claim_fails_at_the_wrong_rate_or_when_the_mass_grows(mo
     assert result.measured["median_slope_paper"] == pytest.approx(exponent)
 
 
+def test_attention_limit_claim_fails_when_one_instance_stops_falling(monkeypatch, fresh_ensembles):
+    """Every instance must fall: one growing instance fails the claim though the median rate is −1."""
+    original, calls = dyn.metrics, []
+
+    def one_grows(run, ref):
+        out = original(run, ref)
+        calls.append(1)
+        out["mass_off"] = 1e-3 * np.maximum(run.times, 1.0) ** (0.05 if len(calls) == 1 else -1.0)
+        return out
+    monkeypatch.setattr(dyn, "metrics", one_grows)
+    result = run_claim(registered_claims()["next_token_scc.gd_attention_limit"], seed=0, instances=4, steps=4000)
+    assert result.status == "FAIL"
+    assert result.measured["median_slope_paper"] == pytest.approx(-1.0)
+    assert result.measured["worst_slope_paper"] == pytest.approx(0.05)
+
+
 def test_cyclic_claim_fails_when_the_limit_attention_is_wrong(monkeypatch):
     monkeypatch.setattr(cf, "predicted_attention", lambda problem, *a, **k: np.full((problem.n, problem.T), 1 / 3))
     assert run_claim(registered_claims()["next_token_scc.cyclic_finite_limit"], seed=0).status == "FAIL"

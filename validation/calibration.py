@@ -19,6 +19,8 @@ the one that computed it); if not, the numbers changed and the claim must be rec
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from . import sweep, systems
 from .stats import clopper_pearson
 
 __all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table",
-           "update_table", "table_entry", "render_table", "verify_row", "WITNESSES"]
+           "update_table", "table_entry", "render_table", "verify_row", "claim_source_digest", "WITNESSES"]
 
 RESOLUTION = 0.01  # the smallest false-FAIL rate a calibration is asked to resolve
 # The fewest seeds a row of the published table may rest on: 200 for every claim that costs under a second or so
@@ -143,7 +145,15 @@ def table_entry(found: Calibration, *, seed: int) -> dict:
     entry = found.as_dict()
     for transient in ("computed", "reused"):
         entry.pop(transient)
-    return dict(entry, seed=seed, code=found.code, witnesses=[list(w) for w in found.witnesses])
+    return dict(entry, seed=seed, code=found.code, witnesses=[list(w) for w in found.witnesses],
+                claim_source=claim_source_digest(found.claim))
+
+
+def claim_source_digest(claim: str) -> str:
+    """16 hex digits of the claim's own source, its decorator (statement, settings) included: an edit to what the
+    claim asserts changes it even when its measured numbers stay the same."""
+    source = inspect.getsource(systems.select([claim])[0].function)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def _sidecar(markdown: Path) -> Path:
@@ -210,13 +220,20 @@ def drop_from_table(markdown, claim: str) -> bool:
     return _edit_table(markdown, lambda entries: entries.pop(claim, None) is not None)
 
 
+def _valid_witness(witness) -> bool:
+    return (isinstance(witness, (list, tuple)) and len(witness) == 3 and isinstance(witness[0], int)
+            and not isinstance(witness[0], bool) and witness[0] >= 0 and isinstance(witness[1], str)
+            and isinstance(witness[2], str))
+
+
 def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler: str | None = None) -> str:
     """Check a row against the current code: "current" when its fingerprint is the current one; otherwise rerun its
-    witness seeds and, if each reproduces its status and measured digest bit for bit, carry the row forward to the
-    current fingerprint ("carried"; the row keeps the fingerprint that computed it as ``computed_by``). "changed at
-    seed S" or "no witnesses" leave the row stale: recalibrate it. Two seeds that reproduce show that the edit did
-    not touch the arithmetic those seeds run through; an edit confined to a branch they never take would pass
-    unseen, so a deliberate change to a claim is recalibrated, not verified."""
+    witness seeds and, if each reproduces its status and measured digest bit for bit and the claim's own source is
+    the one that was calibrated, carry the row forward to the current fingerprint ("carried"; the row keeps the
+    fingerprint that computed it as ``computed_by``). Anything else leaves the row stale, and the answer says why:
+    recalibrate it. Two seeds that reproduce show that the edit did not touch the arithmetic those seeds run
+    through; an edit confined to a branch they never take would pass unseen, and an edit to what the claim asserts
+    is caught by the claim's source digest, not by its numbers."""
     entries = read_table(markdown)
     if claim not in entries:
         raise ValueError(f"{claim} has no row in {markdown}")
@@ -224,27 +241,28 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     current = sweep.target_fingerprint(claim)
     if row["code"] == current:
         return "current"
-    expected = [tuple(w) for w in row.get("witnesses") or ()]
-    if not expected or any(w[2] is None for w in expected):  # a record from code that stored no digest
+    witnesses = row.get("witnesses") or []
+    if not witnesses or not all(_valid_witness(w) for w in witnesses):  # none, or from code that stored no digest
         return "no witnesses"
-    first = expected[0][0]
-    if [w[0] for w in expected] != list(range(first, first + len(expected))):
-        raise ValueError(f"{claim}: the witness seeds of its row are not consecutive: {[w[0] for w in expected]}")
-    result = sweep.run_replicates(claim, {}, master_seed=first, seeds=len(expected), store=store, runs=True,
-                                  n_jobs=n_jobs, scheduler=scheduler)
-    for record in sorted(result.records, key=lambda r: r["replicate"]):
-        found = witness(record, first)
-        if found != expected[record["replicate"]]:
-            return f"changed at seed {found[0]}"
+    if row.get("claim_source") != claim_source_digest(claim):
+        return "the claim's own source changed" if row.get("claim_source") else "no claim source digest"
+    for expected in witnesses:
+        result = sweep.run_replicates(claim, {}, master_seed=expected[0], seeds=1, store=store, runs=True,
+                                      n_jobs=n_jobs, scheduler=scheduler)
+        found = witness(result.records[0], expected[0])
+        if list(found) != list(expected):
+            return f"changed at seed {expected[0]}"
 
     def carry(entries):
         entry = entries.get(claim)
-        if entry is None or entry["code"] != row["code"]:  # recalibrated meanwhile by another process
+        if entry is None or entry["code"] != row["code"]:  # rewritten meanwhile by another process
             return False
         entries[claim] = dict(entry, code=current, computed_by=entry.get("computed_by", entry["code"]))
         return True
 
-    return "carried" if _edit_table(markdown, carry) else "rewritten meanwhile"
+    if _edit_table(markdown, carry):
+        return "carried"
+    return "current" if read_table(markdown).get(claim, {}).get("code") == current else "rewritten meanwhile"
 
 
 def _seed_list(seeds, shown: int = 5) -> str:

@@ -80,15 +80,16 @@ def _build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--table", metavar="FILE.md",
                            help="calibrate every claim named that depends on its seed (others are skipped) and keep the "
                                 "rows in this Markdown table and its .json twin, rewritten after every claim")
-    calibrate.add_argument("--seeds", type=int, default=200, help="independent seeds (default 200)")
-    calibrate.add_argument("--seed", type=int, default=0, help="first seed: replicate i is the run --seed SEED + i")
+    calibrate.add_argument("--seeds", type=int, help="independent seeds (default 200)")
+    calibrate.add_argument("--seed", type=int, help="first seed: replicate i is the run --seed SEED + i (default 0)")
     calibrate.add_argument("--jobs", type=int, default=-1, help="joblib workers (default: all cores)")
     calibrate.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler to run on")
     calibrate.add_argument("--store", default="attnflow-calibration",
                            help="folder for finished replicates, so a rerun resumes (default attnflow-calibration)")
     calibrate.add_argument("--verify", action="store_true",
                            help="with --table: rerun only the witness seeds of each stale row and carry the row "
-                                "forward to the current code if they reproduce bit for bit")
+                                "forward to the current code if they reproduce bit for bit (exit 1 if a row stays "
+                                "stale or is not calibrated)")
     calibrate.add_argument("--json", action="store_true", help="print JSON (schema attnflow.calibrate/1)")
     calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -195,6 +196,10 @@ def _command_check(args) -> int:
 def _command_calibrate(args) -> int:
     from . import calibration
 
+    if args.verify and (args.seeds is not None or args.seed is not None):
+        raise ValueError("--verify reruns each row's own witness seeds: --seeds and --seed do not apply")
+    args.seeds = 200 if args.seeds is None else args.seeds
+    args.seed = 0 if args.seed is None else args.seed
     _check_seed(args.seed)
     _check_output_folder(args.store, "--store")
     if args.table is not None:
@@ -258,20 +263,28 @@ def _calibrate_table(args) -> int:
 
 
 def _verify_table(args, rows) -> int:
-    """``calibrate --table FILE --verify``: each named row (default every row) checked against the current code."""
+    """``calibrate --table FILE --verify``: the rows named (a claim by name, a system by the rows it has; default
+    every row) checked against the current code."""
     from . import calibration
 
-    names = [c.name for c in systems.select(args.claims)] if args.claims else sorted(rows)
-    missing = [name for name in names if name not in rows]
-    if missing:
-        raise ValueError(f"no row in {args.table} for {', '.join(missing)}")
-    stale = 0
+    if not rows:
+        raise ValueError(f"there is no calibration table at {args.table} to verify")
+    names = []
+    for name in args.claims or sorted(rows):
+        claims = systems.select([name])
+        if systems.normalise_key(name) not in systems.system_keys() and claims[0].name not in rows:
+            raise ValueError(f"no row in {args.table} for {claims[0].name}")
+        names += [c.name for c in claims if c.name in rows and c.name not in names]  # a system: the rows it has
+    failing = 0
     for name in names:
         verdict = calibration.verify_row(args.table, name, store=f"{args.store.rstrip('/')}/{name}", n_jobs=args.jobs,
                                          scheduler=args.scheduler)
-        stale += verdict not in ("current", "carried")
-        print(f"{name}: {verdict}" + ("" if verdict in ("current", "carried") else ": recalibrate"), flush=True)
-    return 0 if not stale else 1
+        current = verdict in ("current", "carried")
+        calibrated = calibration.read_table(args.table)[name]["calibrated"]
+        failing += not (current and calibrated)
+        print(f"{name}: {verdict}" + ("" if current else ": recalibrate")
+              + ("" if calibrated else " (MISCALIBRATED)"), flush=True)
+    return 0 if not failing else 1
 
 
 def _command_sweep(args) -> int:

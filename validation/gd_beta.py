@@ -856,6 +856,8 @@ def _sgd_paths(problem, batch_size, steps, lr, seed, runs, record_every):
 def _checkpoints(band, steps, count=3):
     """Indices into the band's records of the last recorded steps at or before steps/2^(count−1), …, steps/2,
     steps (the runs record the same steps)."""
+    if steps < 2 ** (count - 1):
+        raise ValueError(f"steps must be >= {2 ** (count - 1)} for {count} distinct checkpoints, got {steps}")
     wanted = [steps // 2 ** (count - 1 - k) for k in range(count)]
     return sorted({max(0, int(np.searchsorted(band.steps, w, side="right")) - 1) for w in wanted} - {0})
 
