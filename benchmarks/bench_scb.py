@@ -75,7 +75,6 @@ def seconds_per_draw(N: int, repeats: int) -> float:
     rounds = 256
     with np.errstate(over="ignore"):
         state = generator_state(0)
-        _draw_only(state, uniforms, prob, alias, 1)  # compile outside the timing
         times = side_by_side({"draws": lambda: _draw_only(state, uniforms, prob, alias, rounds)}, repeats)
     return times["draws"] / (rounds * uniforms.size)
 
