@@ -270,6 +270,23 @@ def test_claims_can_fail(monkeypatch):
     assert _run("attention_svm.offset_matches_prediction").status == "FAIL"
 
 
+@pytest.mark.parametrize("above, status", [(20, "FAIL"), (17, "PASS")])
+def test_kq_direction_claim_tests_the_population_median_by_the_sign_test(monkeypatch, above, status):
+    """Runs decreasing and within 5e-2 but ending above the level 2e-2: 20 of 20 above rejects "population median
+    ≤ 2e-2" (P(Binomial(20, ½) ≥ 18) = 2.0e-4 ≤ 1e-3), 17 of 20 does not; the 1-corr curves are replaced, the
+    ensemble is the real one."""
+    calls = []
+
+    def synthetic(thetas, target):
+        calls.append(1)
+        end = 0.03 if len(calls) <= above else 0.01
+        return np.linspace(0.045, end, len(thetas))
+    monkeypatch.setattr(claims, "_one_minus_corr", synthetic)
+    result = _run("attention_svm.kq_converges_to_nuclear_svm")
+    assert result.measured["above_level"] == f"{above}/20"
+    assert result.status == status
+
+
 def test_claim_seeds_give_other_ensembles():
     a = claims.ensemble(seeding.named(0, "x"), 2, 200, 100)
     b = claims.ensemble(seeding.named(1, "x"), 2, 200, 100)

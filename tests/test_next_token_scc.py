@@ -372,8 +372,28 @@ def test_direction_claim_fails_when_the_svm_is_wrong(monkeypatch, fresh_ensemble
         noise = np.random.default_rng(0).normal(size=sol.W.shape)
         return type(sol)(**{**sol.__dict__, "W": sol.W + 0.5 * np.linalg.norm(sol.W) * noise / np.linalg.norm(noise)})
     monkeypatch.setattr(cf, "graph_svm", rotated)
-    result = run_claim(registered_claims()["next_token_scc.gd_direction"], seed=0, instances=4, steps=4000)
+    # ten instances: with fewer the sign test of the median level cannot reject at 1e-3 (2⁻ⁿ > 1e-3)
+    result = run_claim(registered_claims()["next_token_scc.gd_direction"], seed=0, instances=10, steps=4000)
     assert result.status == "FAIL"
+    assert result.measured["above_level_paper"] == "10/10"
+
+
+@pytest.mark.parametrize("above, status", [(10, "FAIL"), (9, "PASS")])
+def test_direction_claim_tests_the_population_median_by_the_sign_test(monkeypatch, fresh_ensembles, above, status):
+    """Every instance decreasing like 1/log²τ, ``above`` of the 10 `paper` instances ending above the level 0.03:
+    10 of 10 rejects "population median ≤ 0.03" at 1e-3 (P = 2⁻¹⁰), 9 of 10 does not."""
+    original, calls = dyn.metrics, []
+
+    def level(run, ref):
+        out = original(run, ref)
+        calls.append(1)
+        scale = 3.0 if len(calls) <= above else 1.0  # at τ = 4000: 0.044 or 0.015
+        out["one_minus_corr"] = scale / np.log(np.maximum(run.times, 2.0)) ** 2
+        return out
+    monkeypatch.setattr(dyn, "metrics", level)
+    result = run_claim(registered_claims()["next_token_scc.gd_direction"], seed=0, instances=10, steps=4000)
+    assert result.measured["above_level_paper"] == f"{above}/10"
+    assert result.status == status
 
 
 @pytest.mark.parametrize("exponent", [-0.5, 0.1])

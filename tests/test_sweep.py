@@ -247,6 +247,27 @@ def test_delta_t_interval_covers_the_true_exponent_at_its_level():
     assert missed_999 <= 6, missed_999
 
 
+def test_sign_test_threshold_matches_an_enumeration_of_sign_patterns():
+    """Against the raw definition: over all 2^n equally likely sign patterns (the median exactly at the level), the
+    fraction with at least k values above is the stated rate, k is the first count whose rate is ≤ alpha, and
+    n too small to reach alpha gets no critical count."""
+    import itertools
+    for n, alpha in ((10, 1e-3), (12, 1e-2), (20, 1e-3), (6, 0.05)):
+        counts = np.array([sum(p) for p in itertools.product((0, 1), repeat=n)]) if n <= 12 else \
+            np.random.default_rng(0).binomial(n, 0.5, 2**22)
+        k, rate = stats.sign_test_threshold(n, alpha)
+        tail = np.mean(counts >= k)
+        if n <= 12:
+            assert tail == rate and np.mean(counts >= k - 1) > alpha
+        else:  # 2^22 Monte-Carlo draws: within 5 binomial standard errors
+            assert abs(tail - rate) < 5 * np.sqrt(rate / 2**22)
+        assert rate <= alpha
+    assert stats.sign_test_threshold(9, 1e-3) == (10, 0.0)
+    for bad in (dict(n=-1, alpha=0.1), dict(n=2.5, alpha=0.1), dict(n=5, alpha=0.0), dict(n=5, alpha=1.0)):
+        with pytest.raises(ValueError, match="n must|alpha must"):
+            stats.sign_test_threshold(**bad)
+
+
 def test_richardson_extrapolation_removes_a_bias_linear_in_one_over_b():
     """Exact on data with mean μ + c/B: 2·mean(2B) − mean(B) = μ; Welch's standard error and degrees of freedom
     from their formulas; refuses samples without spread or too small."""

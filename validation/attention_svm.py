@@ -642,10 +642,17 @@ def offset_matches_prediction(seed, instances, w_steps, kq_steps):
                    notes="; ".join(skipped))
 
 
+# The population median of 1 − corr(KQ^T, W*^mm) at the horizon is tested at this level by an exact one-sided sign
+# test (docs/attention_svm.md §6.5).
+KQ_LEVEL = 2e-2
+KQ_ALPHA = 1e-3
+
+
 @claim("attention_svm.kq_converges_to_nuclear_svm",
        reference=f"{SVM}: (K,Q) implicit bias (nuclear-norm SVM), local-convergence figure (K,Q); docs/attention_svm.md §6.5",
-       statement="(K,Q)-NGD converges in direction to the nuclear-norm SVM W*^mm_α: the median 1 − corr is < 2e-2 at "
-                 "the horizon and decreasing, and ≥ 85% of runs are within 5e-2.",
+       statement="(K,Q)-NGD converges in direction to the nuclear-norm SVM W*^mm_α: the median 1 − corr over random "
+                 f"instances is at most {KQ_LEVEL:g} at the horizon (an exact sign test at {KQ_ALPHA:g}), the sample "
+                 "median is lower there than at half the horizon, and ≥ 85% of runs are within 5e-2.",
        quick=ENSEMBLE_QUICK, full=ENSEMBLE_FULL)
 def kq_converges_to_nuclear_svm(seed, instances, w_steps, kq_steps):
     runs = [e for e in ensemble(seed, instances, w_steps, kq_steps) if e["nuc_kq"].feasible]
@@ -653,6 +660,8 @@ def kq_converges_to_nuclear_svm(seed, instances, w_steps, kq_steps):
     curves = np.array([_one_minus_corr(e["kq"].states["theta"][1:], e["nuc_kq"].theta) for e in runs])
     half = int(np.searchsorted(times[1:], kq_steps // 2))
     median_half, median_end = float(np.median(curves[:, half])), float(np.median(curves[:, -1]))
+    above = int(np.sum(curves[:, -1] > KQ_LEVEL))
+    critical, sign_rate = stats.sign_test_threshold(len(runs), KQ_ALPHA)
     good = int(np.sum(curves[:, -1] < 5e-2))
     low, high = stats.clopper_pearson(good, len(runs), LEVEL)
 
@@ -662,23 +671,27 @@ def kq_converges_to_nuclear_svm(seed, instances, w_steps, kq_steps):
                         if e["fro_kq"].feasible])
         ax.plot(times[1:], np.median(curves, axis=0), "o", ms=3, color="tab:red", label="vs nuclear SVM (median)")
         ax.plot(times[1:], np.median(fro, axis=0), "s", ms=3, color="tab:blue", label="vs Frobenius SVM (median)")
-        ax.axhline(2e-2, color="gray", ls=":", label="tolerance of the median, $2 \\cdot 10^{-2}$")
+        ax.axhline(KQ_LEVEL, color="gray", ls=":", label="level of the population median, $2 \\cdot 10^{-2}$")
         plots.finish(ax, r"$(K,Q)$-NGD: direction of $KQ^\top$", "step $k$", r"$1 - \mathrm{corr}$", logx=True,
                      logy=True)
         plots.legend_below(ax, ncols=2)
         return fig
     return Outcome(measured={"median_half": median_half, "median_end": median_end,
-                             "fraction_within": _fraction(good, len(runs)), "max_end": float(curves[:, -1].max())},
-                   predicted={"median_end": "< 2e-2 and decreasing", "fraction_within": "≥ 0.85"},
+                             "above_level": f"{above}/{len(runs)}", "fraction_within": _fraction(good, len(runs)),
+                             "max_end": float(curves[:, -1].max())},
+                   predicted={"median_end": f"population median ≤ {KQ_LEVEL:g}, decreasing", "fraction_within": "≥ 0.85"},
                    labels={"median_half": f"median 1 − corr at {kq_steps // 2}",
-                           "median_end": f"median 1 − corr at {kq_steps}", "fraction_within": "within 5e-2",
+                           "median_end": f"median 1 − corr at {kq_steps}",
+                           "above_level": f"runs above {KQ_LEVEL:g} at {kq_steps}", "fraction_within": "within 5e-2",
                            "max_end": "max 1 − corr"},
-                   false_fail_rate=None,
-                   tolerance="median < 2e-2 and below its value at half the horizon; the fraction's 95% CP upper "
-                             "bound ≥ 0.85",
-                   basis="(K,Q) converges slowly (docs/attention_svm.md §6.5), so the claim is stated at the horizon; the fraction is "
-                         "tested exactly (binomial)",
-                   passed=median_end < 2e-2 and median_end < median_half and high >= 0.85, figure=figure)
+                   false_fail_rate=sign_rate + (1 - LEVEL) / 2,
+                   tolerance=f"fewer than {critical} of {len(runs)} runs above {KQ_LEVEL:g}; the sample median below its "
+                             "value at half the horizon; the fraction's 95% CP upper bound ≥ 0.85",
+                   basis="(K,Q) converges slowly and no rate bounds a random instance at a finite horizon "
+                         "(docs/attention_svm.md §6.5), so the level is a statement about the population median, tested "
+                         f"by the exact one-sided sign test (false alarm ≤ {sign_rate:.1e} when the median equals the "
+                         f"level); the fraction is tested exactly (binomial, ≤ {(1 - LEVEL) / 2:g} when it equals 0.85)",
+                   passed=above < critical and median_end < median_half and high >= 0.85, figure=figure)
 
 
 @claim("attention_svm.parameterisations_differ",

@@ -80,9 +80,9 @@ def _slope(runs, key, steps):
     return np.log(_at(runs, key, steps) / _at(runs, key, steps // 4)) / np.log(4.0)
 
 
-def _median_figure(groups, key, title, ylabel, *, theory=None):
+def _median_figure(groups, key, title, ylabel, *, theory=None, level=None):
     """Median over runs of metric ``key`` against the step (markers), one series per (label, runs); ``theory``:
-    (label, function of k) drawn as a line through the last median."""
+    (label, function of k) drawn as a line through the last median; ``level``: (label, value) drawn across."""
     def draw():
         fig, ax = plots.figure()
         for (label, runs), marker in zip(groups, "os^v"):
@@ -93,7 +93,11 @@ def _median_figure(groups, key, title, ylabel, *, theory=None):
                 late = t >= t[-1] / 100
                 line = theory[1](t[late])
                 plots.theory_line(ax, t[late], line * y[-1] / line[-1], label=f"{theory[0]} ({label})")
+        if level is not None:
+            ax.axhline(level[1], color="gray", ls=":", label=level[0])
         plots.finish(ax, title, "step $\\tau$", ylabel, logx=True, logy=True)
+        if level is not None:  # five entries would cover the curves
+            plots.legend_below(ax, ncols=2)
         return fig
     return draw
 
@@ -216,13 +220,20 @@ def _gd(seed, config, instances, steps):
     return ensemble(seed, config, "gd", instances, steps, 1.0)
 
 
+# The population median of 1 − corr at τ = 2·10⁴ is tested at this level by an exact one-sided sign test, per
+# configuration at DIRECTION_ALPHA (docs/next_token_scc.md §6.1).
+DIRECTION_LEVEL = 0.03
+DIRECTION_ALPHA = 1e-3
+
+
 @claim("next_token_scc.gd_direction",
        reference=f"{PAPER}: global convergence theorem (hard retrieval); docs/next_token_scc.md §5, §6.1",
        statement="GD (η = 1, W_0 = 0): 1 − corr(W_τ, W^svm) decreases — the median over instances at every record "
-                 "past τ = 100, every instance over [τ/4, τ] — and its median is below 0.03 at τ.",
+                 f"past τ = 100, every instance over [τ/4, τ] — and the median over random instances is at most "
+                 f"{DIRECTION_LEVEL} at τ (an exact sign test at {DIRECTION_ALPHA:g} per configuration).",
        quick=GD_QUICK, full=GD_FULL)
 def gd_direction(seed, instances, steps):
-    rows, ok = [], True
+    rows, ok, nominal = [], True, 0.0
     groups = []
     for config in CONFIGS:
         runs = [e for e in _gd(seed, config, instances, steps) if e["ref"].svm.value > 0]
@@ -231,24 +242,34 @@ def gd_direction(seed, instances, steps):
         med = np.median([e["m"]["one_minus_corr"] for e in runs], axis=0)
         late = t >= 100
         monotone = bool(np.all(np.diff(med[late]) < 0))
-        decreasing = int(np.sum(_at(runs, "one_minus_corr", steps) < _at(runs, "one_minus_corr", steps // 4)))
-        final = float(med[-1])
-        ok &= monotone and decreasing == len(runs) and final < 0.03
-        rows.append(dict(config=config, median_at_100=float(med[np.searchsorted(t, 100)]), median_end=final,
-                         worst_end=float(_at(runs, "one_minus_corr", steps).max()), median_monotone=monotone,
-                         decreasing=f"{decreasing}/{len(runs)}"))
+        end = _at(runs, "one_minus_corr", steps)
+        decreasing = int(np.sum(end < _at(runs, "one_minus_corr", steps // 4)))
+        above = int(np.sum(end > DIRECTION_LEVEL))
+        critical, rate = stats.sign_test_threshold(len(runs), DIRECTION_ALPHA)
+        nominal += rate
+        ok &= monotone and decreasing == len(runs) and above < critical
+        rows.append(dict(config=config, median_at_100=float(med[np.searchsorted(t, 100)]), median_end=float(med[-1]),
+                         worst_end=float(end.max()), median_monotone=monotone,
+                         decreasing=f"{decreasing}/{len(runs)}", above_level=f"{above}/{len(runs)}",
+                         instances=len(runs), fails_from=critical))
     return Outcome(measured={f"median_end_{r['config']}": r["median_end"] for r in rows} |
-                   {f"worst_end_{r['config']}": r["worst_end"] for r in rows},
-                   predicted=dict(median_end="< 0.03, decreasing like 1/log²τ"),
+                   {f"worst_end_{r['config']}": r["worst_end"] for r in rows} |
+                   {f"above_level_{r['config']}": r["above_level"] for r in rows},
+                   predicted=dict(median_end=f"population median ≤ {DIRECTION_LEVEL}, decreasing like 1/log²τ"),
                    labels={f"median_end_{c}": f"median 1 − corr(W_τ, W^svm), {c}" for c in CONFIGS} |
-                   {f"worst_end_{c}": f"worst 1 − corr(W_τ, W^svm), {c}" for c in CONFIGS},
-                   tolerance="median monotone past τ = 100; every instance lower at τ than at τ/4; median < 0.03",
+                   {f"worst_end_{c}": f"worst 1 − corr(W_τ, W^svm), {c}" for c in CONFIGS} |
+                   {f"above_level_{c}": f"instances above {DIRECTION_LEVEL}, {c}" for c in CONFIGS},
+                   tolerance=f"median monotone past τ = 100; every instance lower at τ than at τ/4; the count above "
+                             f"{DIRECTION_LEVEL} below the sign test's critical count ("
+                             + ", ".join(f"{r['fails_from']} of {r['instances']}" for r in rows) + ")",
                    basis="1 − corr ≈ ‖W_⊥‖²/(2‖W^svm‖² log²τ) (docs/next_token_scc.md §6.1) with ‖W_⊥‖ ≲ ‖W^svm‖ "
-                         "gives ≈ 0.005–0.03 at τ = 2·10⁴; no fixed threshold on the worst instance (its ‖W^fin‖ can "
-                         "exceed ‖W^svm‖, §9)",
-                   passed=bool(ok), details=rows, false_fail_rate=None,
+                         f"gives ≈ 0.005–0.03 at τ = 2·10⁴, but no bound on a random instance: the level is a statement "
+                         f"about the population median, tested by the exact one-sided sign test (distribution-free), "
+                         f"false alarm ≤ {DIRECTION_ALPHA:g} per configuration when the median equals the level",
+                   passed=bool(ok), details=rows, false_fail_rate=nominal,
                    figure=_median_figure(groups, "one_minus_corr", "GD: direction", "$1-\\mathrm{corr}(W_\\tau, W^{svm})$",
-                                         theory=("$\\propto 1/\\log^2\\tau$", lambda k: 1 / np.log(k) ** 2)))
+                                         theory=("$\\propto 1/\\log^2\\tau$", lambda k: 1 / np.log(k) ** 2),
+                                         level=(f"level of the population median, {DIRECTION_LEVEL}", DIRECTION_LEVEL)))
 
 
 @claim("next_token_scc.gd_decomposition",

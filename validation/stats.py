@@ -13,7 +13,7 @@ from scipy import stats as _scipy_stats
 
 from attnflow import seeding
 
-__all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "clopper_pearson", "RateFit",
+__all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "clopper_pearson", "sign_test_threshold", "RateFit",
            "fit_exponential_rate", "fit_power_law", "satterthwaite_df", "variance_ratio_interval",
            "widen_for_prediction_error", "welch_df"]
 
@@ -43,6 +43,24 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     low = 0.0 if k == 0 else float(_scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
     high = 1.0 if k == n else float(_scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
     return low, high
+
+
+def sign_test_threshold(n: int, alpha: float) -> tuple[int, float]:
+    """The exact one-sided sign test of "the population median is at most a level" on ``n`` independent values.
+
+    Returns the smallest count k of values above the level at which the test rejects at ``alpha``, and its exact
+    false-alarm probability P(Binomial(n, ½) ≥ k) ≤ ``alpha`` when the median equals the level (smaller when it is
+    below). It is distribution-free: only P(value > level) ≤ ½ is assumed. ``(n + 1, 0.0)`` when no count
+    rejects, which happens for n < log₂(1/alpha)."""
+    if not (isinstance(n, (int, np.integer)) and n >= 0):
+        raise ValueError(f"n must be an integer >= 0, got {n!r}")
+    if not (0 < alpha < 1):
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    for k in range(n + 1):
+        rate = float(_scipy_stats.binom.sf(k - 1, n, 0.5))
+        if rate <= alpha:
+            return k, rate
+    return n + 1, 0.0
 
 
 def satterthwaite_df(covariance, n_samples: int) -> float:
@@ -239,6 +257,20 @@ def _exponent_estimate(x, y, kind, level, quantile=None):
     return x, xs, y, float(_slopes(xs, np.log(means)))
 
 
+def _delta_scores(xs, y):
+    """Per-seed scores z_i = Σ_k c_k y_ki/m_k of the delta method (see :func:`fit_exponent_t`)."""
+    weights = (xs - xs.mean()) / np.sum((xs - xs.mean()) ** 2)
+    return (weights / y.mean(axis=1)) @ y
+
+
+def _student_t_fit(kind, estimate, scores, level) -> ExponentFit:
+    n_seeds = scores.size
+    half = float(_scipy_stats.t.ppf(0.5 + level / 2, n_seeds - 1) * scores.std(ddof=1) / np.sqrt(n_seeds))
+    return ExponentFit(kind=kind, estimate=estimate, low=estimate - half, high=estimate + half,
+                       level=level, n_boot=0, n_seeds=n_seeds,
+                       method=f"delta method over seeds, Student t with {n_seeds - 1} degrees of freedom")
+
+
 def fit_exponent_t(x, y, *, kind: str = "loglog", level: float = 0.95) -> ExponentFit:
     """The exponent of the seed-mean of ``y`` against ``x`` with a delta-method Student-t interval over seeds.
 
@@ -249,33 +281,19 @@ def fit_exponent_t(x, y, *, kind: str = "loglog", level: float = 0.95) -> Expone
     every grid value). The reference is Student's t with n − 1 degrees of freedom. Unlike a percentile bootstrap
     of a few seeds, it does not shrink with the sample when a skewed mean comes out low."""
     x, xs, y, estimate = _exponent_estimate(x, y, kind, level)
-    weights = (xs - xs.mean()) / np.sum((xs - xs.mean()) ** 2)
-    z = (weights / y.mean(axis=1)) @ y
-    n_seeds = y.shape[1]
-    half = float(_scipy_stats.t.ppf(0.5 + level / 2, n_seeds - 1) * z.std(ddof=1) / np.sqrt(n_seeds))
-    return ExponentFit(kind=kind, estimate=estimate, low=estimate - half, high=estimate + half,
-                       level=level, n_boot=0, n_seeds=n_seeds,
-                       method=f"delta method over seeds, Student t with {n_seeds - 1} degrees of freedom")
+    return _student_t_fit(kind, estimate, _delta_scores(xs, y), level)
 
 
-def fit_exponent_difference(x, y_a, y_b, *, seed, kind: str = "loglog", n_boot: int = 2000,
-                            level: float = 0.95) -> ExponentFit:
+def fit_exponent_difference(x, y_a, y_b, *, kind: str = "loglog", level: float = 0.95) -> ExponentFit:
     """Exponent of ``y_a`` minus exponent of ``y_b`` (both (n_x, n_seeds), seed i of each measured on the same
-    data), with a paired bootstrap over seeds: resampling the same seeds for both keeps their correlation, so the
-    interval is narrower than comparing two separate intervals."""
+    data), with the delta-method Student-t interval of :func:`fit_exponent_t` applied to the per-seed differences
+    of scores z_i^a − z_i^b: pairing the seeds keeps their correlation, so the interval is narrower than comparing
+    two separate intervals, and the t reference with n − 1 degrees of freedom keeps its level with few seeds."""
     _, xs, y_a, estimate_a = _exponent_estimate(x, y_a, kind, level)
     _, _, y_b, estimate_b = _exponent_estimate(x, y_b, kind, level)
     if y_a.shape != y_b.shape:
         raise ValueError(f"y_a and y_b must have the same shape, got {y_a.shape} and {y_b.shape}")
-    n_seeds = y_a.shape[1]
-    columns = np.random.default_rng(seeding.as_seed_sequence(seed)).integers(0, n_seeds, size=(n_boot, n_seeds))
-    means_a, means_b = y_a[:, columns].mean(axis=2).T, y_b[:, columns].mean(axis=2).T
-    valid = np.all(means_a > 0, axis=1) & np.all(means_b > 0, axis=1)
-    differences = _slopes(xs, np.log(means_a[valid])) - _slopes(xs, np.log(means_b[valid]))
-    expanded = _expanded_alpha(level, n_seeds)
-    low, high = np.quantile(differences, [expanded, 1 - expanded])
-    return ExponentFit(kind=kind, estimate=estimate_a - estimate_b, low=float(low), high=float(high),
-                       level=level, n_boot=int(valid.sum()), n_seeds=n_seeds)
+    return _student_t_fit(kind, estimate_a - estimate_b, _delta_scores(xs, y_a) - _delta_scores(xs, y_b), level)
 
 
 def _seed_statistic(y, quantile):
