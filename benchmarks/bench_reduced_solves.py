@@ -6,6 +6,7 @@ position-only flow) the same right-hand side — the numba kernel attnflow integ
 rtol = atol = 1e-8 by
 
 * attnflow: ``solve_dopri5`` as the system calls it (adaptive Dormand–Prince 5(4), dense output at the times);
+* attnflow's ``solve_dop853`` (Dormand–Prince 8(5,3) on the same engine, dense output of order 7) on the same kernel;
 * numbalsoda's ``dop853`` with a numba ``cfunc`` wrapping the same kernel (a benchmark-only extra: skipped, with a
   message, when numbalsoda is not installed);
 * scipy's ``solve_ivp`` with DOP853 and RK45, calling the same kernel from Python.
@@ -18,7 +19,9 @@ of evaluations attnflow's solve used. Two rates: ``_common.gemm_rate`` (numpy's 
 d = 20 mostly numpy's per-call overhead, a lenient floor) and the rate of ``np.dot`` inside compiled code (strict).
 
 Ratios (``--json``): ``<system>_vs_numbalsoda_dop853`` = numbalsoda time / attnflow time (>= 1: attnflow at least
-as fast), ``..._vs_scipy_dop853`` and ``..._vs_scipy_rk45`` likewise, ``gd_beta_d20_over_floor`` = attnflow time /
+as fast), ``..._vs_scipy_dop853``, ``..._vs_scipy_rk45`` and ``..._vs_attnflow_dop853`` likewise,
+``<system>_dop853_vs_numbalsoda_dop853`` = numbalsoda time / attnflow DOP853 time (the same method, so equal
+accuracy: compare the error column), ``gd_beta_d20_over_floor`` = attnflow time /
 floor (lower is better; ``gd_beta_d20_over_kernel_floor`` against the strict floor). ``--compile`` also measures, in fresh processes, the first solve's CPU time with an empty
 numba cache (``<system>_cold_first_call_seconds``) and in a second process reading that cache
 (``<system>_cached_first_call_seconds``).
@@ -43,6 +46,7 @@ from scipy.integrate import solve_ivp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import emit, gemm_rate, parser, side_by_side  # noqa: E402
 
+from attnflow.dynamics.dop853 import solve_dop853  # noqa: E402
 from attnflow.dynamics.integrate import solve_dopri5  # noqa: E402
 
 RTOL = ATOL = 1e-8
@@ -160,7 +164,9 @@ def numbalsoda_address(case: Case):
 def contenders(case: Case) -> dict:
     span = (float(case.t_eval[0]), float(case.t_eval[-1]))
     f = python_rhs(case)
-    out = {"attnflow": lambda: case.solve().y}
+    out = {"attnflow": lambda: case.solve().y,
+           "attnflow_dop853": lambda: solve_dop853(case.rhs, case.y0, case.t_eval, case.params, t0=float(case.t_eval[0]),
+                                                   rtol=RTOL, atol=ATOL, max_steps=10**7).y}
     try:
         from numbalsoda import dop853
     except ImportError:
@@ -261,6 +267,8 @@ def main():
             rows.append([name, label, seconds * 1e3, speedup, errors[label], n_evals if label == "attnflow" else ""])
             if label != "attnflow":
                 ratios[f"{name}_vs_{label}"] = speedup
+        if "numbalsoda_dop853" in times:  # the same method on both sides: equal accuracy (the error column)
+            ratios[f"{name}_dop853_vs_numbalsoda_dop853"] = times["numbalsoda_dop853"] / times["attnflow_dop853"]
         if name == "gd_beta_d20":
             floor = gd_beta_floor(n_evals)
             rows.append([name, "floor (_common.gemm_rate)", floor * 1e3, floor / ours, "", ""])

@@ -261,9 +261,9 @@ def _evaluate_jit(rhs, t, y, params, out):
 
 
 @njit(cache=True)
-def _initial_step(rhs, t0, y0, f0, f1, y1, params, rtol, atol, t_span):
-    """Starting step size, Hairer–Nørsett–Wanner §II.4 (the algorithm scipy also uses); order 5. ``f1`` and ``y1``
-    are scratch vectors."""
+def _initial_step(rhs, t0, y0, f0, f1, y1, params, rtol, atol, t_span, exponent):
+    """Starting step size, Hairer–Nørsett–Wanner §II.4 (the algorithm scipy also uses); ``exponent`` is
+    1/(q + 1) for an error estimator of order q (1/5 for DOPRI5). ``f1`` and ``y1`` are scratch vectors."""
     n = y0.size
     d0 = 0.0
     d1 = 0.0
@@ -288,7 +288,7 @@ def _initial_step(rhs, t0, y0, f0, f1, y1, params, rtol, atol, t_span):
     if d1 <= 1e-15 and d2 <= 1e-15:
         h1 = max(1e-6, h0 * 1e-3)
     else:
-        h1 = (0.01 / max(d1, d2)) ** (1.0 / 5.0)
+        h1 = (0.01 / max(d1, d2)) ** exponent
     return min(100.0 * h0, h1, t_span)
 
 
@@ -374,7 +374,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
-        h = _initial_step(rhs, t0, y, K[0], K[1], y_stage, params, rtol, atol, t_end - t0)
+        h = _initial_step(rhs, t0, y, K[0], K[1], y_stage, params, rtol, atol, t_end - t0, 1.0 / 5.0)
         n_evals += 1
     tiny = 10.0 * _EPS
     previous_rejected = False
@@ -726,6 +726,22 @@ def solve_dopri5(
     TypeError
         If ``rhs`` is not a numba function of one of the two forms.
     """
+    args = _adaptive_arguments(y0, t_eval, params, t0, rtol, atol, first_step, max_steps, blowup)
+    if loop is not None:
+        ys, status, n_acc, n_rej, n_ev, t_stop = loop(*args)
+    elif config.DISABLE_JIT:
+        ys, status, n_acc, n_rej, n_ev, t_stop = _dopri5_generic(rhs, *args)
+    else:
+        arity, address = _rhs_address(rhs)
+        core = _dopri5_into_at if arity == 4 else _dopri5_returning_at
+        ys, status, n_acc, n_rej, n_ev, t_stop = core(address, *args)
+    _raise_for_adaptive_status(status, n_acc, t_stop, "solve_dopri5", max_steps)
+    return Solution(t=args[2].copy(), y=ys, n_steps=n_acc, n_rejected=n_rej, n_rhs_evals=n_ev)
+
+
+def _adaptive_arguments(y0, t_eval, params, t0, rtol, atol, first_step, max_steps, blowup) -> tuple:
+    """The checked arguments ``(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)`` of an adaptive
+    loop (see :func:`solve_dopri5`); raises ValueError naming the parameter."""
     # The shapes here, the values in one compiled pass (numpy's checks cost more than a small solve).
     # Fresh writable copies: a read-only input would be a second argument type, and so a second compile of the loop.
     y0 = np.array(y0, dtype=np.float64)
@@ -751,24 +767,19 @@ def solve_dopri5(
     first = 0.0 if first_step is None else _positive(first_step, "first_step")
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    args = (y0, t0, t_eval, params, rtol, atol, first, int(max_steps), _positive(blowup, "blowup"))
-    if loop is not None:
-        ys, status, n_acc, n_rej, n_ev, t_stop = loop(*args)
-    elif config.DISABLE_JIT:
-        ys, status, n_acc, n_rej, n_ev, t_stop = _dopri5_generic(rhs, *args)
-    else:
-        arity, address = _rhs_address(rhs)
-        core = _dopri5_into_at if arity == 4 else _dopri5_returning_at
-        ys, status, n_acc, n_rej, n_ev, t_stop = core(address, *args)
-    _raise_if_diverged(status, n_acc, f" (t = {t_stop:.6g})")
+    return y0, t0, t_eval, params, rtol, atol, first, int(max_steps), _positive(blowup, "blowup")
+
+
+def _raise_for_adaptive_status(status: int, n_accepted: int, t_stop: float, solver: str, max_steps: int) -> None:
+    """The error an adaptive loop's status code stands for (none for ``_OK``)."""
+    _raise_if_diverged(status, n_accepted, f" (t = {t_stop:.6g})")
     if status == _MAX_STEPS:
-        raise BudgetExceeded(f"solve_dopri5 used its budget of max_steps={max_steps} steps at t = {t_stop:.6g} "
+        raise BudgetExceeded(f"{solver} used its budget of max_steps={max_steps} steps at t = {t_stop:.6g} "
                              "(too stiff at these parameters for an explicit method)")
     if status == _STEP_TOO_SMALL:
         raise DivergenceError(
-            f"diverged at step {n_acc} (t = {t_stop:.6g}): the step size fell below machine precision"
+            f"diverged at step {n_accepted} (t = {t_stop:.6g}): the step size fell below machine precision"
         )
-    return Solution(t=t_eval.copy(), y=ys, n_steps=n_acc, n_rejected=n_rej, n_rhs_evals=n_ev)
 
 
 def iterate_map(
