@@ -46,8 +46,7 @@ from scipy.integrate import solve_ivp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import emit, gemm_rate, parser, side_by_side  # noqa: E402
 
-from attnflow.dynamics.dop853 import solve_dop853  # noqa: E402
-from attnflow.dynamics.integrate import solve_dopri5  # noqa: E402
+from attnflow.dynamics.integrate import solve_dop853, solve_dopri5  # noqa: E402
 
 RTOL = ATOL = 1e-8
 REFERENCE_TOL = 1e-13
@@ -165,8 +164,9 @@ def contenders(case: Case) -> dict:
     span = (float(case.t_eval[0]), float(case.t_eval[-1]))
     f = python_rhs(case)
     out = {"attnflow": lambda: case.solve().y,
-           "attnflow_dop853": lambda: solve_dop853(case.rhs, case.y0, case.t_eval, case.params, t0=float(case.t_eval[0]),
-                                                   rtol=RTOL, atol=ATOL, max_steps=10**7).y}
+           "attnflow_dop853": lambda: solve_dop853(case.rhs, case.y0, case.t_eval, case.params,
+                                                   t0=float(case.t_eval[0]), rtol=RTOL, atol=ATOL,
+                                                   max_steps=10**7).y}
     try:
         from numbalsoda import dop853
     except ImportError:

@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 from scipy.integrate import DOP853, solve_ivp
 
-from attnflow.dynamics.dop853 import solve_dop853
+from attnflow.dynamics.integrate import solve_dop853
 from attnflow.dynamics.errors import BudgetExceeded, DivergenceError
 
 from .test_integrate import PROBLEMS, _scipy_rhs, blowup_rhs, decay_rhs, nan_rhs, oscillator_rhs_into
@@ -67,7 +67,8 @@ def test_divergence_budget_and_bad_input():
     rhs, _, y0, params, _ = PROBLEMS["oscillator"]
     with pytest.raises(BudgetExceeded, match="solve_dop853 used its budget of max_steps=5"):
         solve_dop853(rhs, y0, [0.0, 100.0], params, rtol=1e-10, max_steps=5)
-    for kwargs, message in ((dict(y0=[np.nan]), "y0 must be finite"), (dict(t_eval=[1.0, 0.0]), "t_eval must be sorted"),
+    for kwargs, message in ((dict(y0=[np.nan]), "y0 must be finite"),
+                            (dict(t_eval=[1.0, 0.0]), "t_eval must be sorted"),
                             (dict(rtol=0.0), "rtol"), (dict(params=[np.inf]), "params must be finite")):
         call = dict(y0=[1.0], t_eval=[0.0, 1.0], params=[1.0]) | kwargs
         with pytest.raises(ValueError, match=message):
