@@ -621,8 +621,9 @@ def _dop853_dense_coefficients(y, y_new, h, K, acc, dense):
 
 
 @njit(cache=True)
-def _dop853_interpolate(y, dense, theta, out_row):
-    """Evaluate the dense output at θ ∈ (0, 1) into ``out_row`` (Horner form of :func:`_dense_coefficients`)."""
+def _dop853_interpolate(y, dense, theta, ys, j):
+    """Evaluate the dense output at θ ∈ (0, 1) into row ``j`` of ``ys`` (Horner form of
+    :func:`_dop853_dense_coefficients`)."""
     theta1 = 1.0 - theta
     for i in range(y.size):
         value = dense[6, i]
@@ -632,7 +633,7 @@ def _dop853_interpolate(y, dense, theta, out_row):
         value = value * theta1 + dense[2, i]
         value = value * theta + dense[1, i]
         value = value * theta1 + dense[0, i]
-        out_row[i] = y[i] + theta * value
+        ys[j, i] = y[i] + theta * value
 
 
 def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
@@ -706,7 +707,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
                 for i in range(n):
                     ys[j, i] = y_new[i]
             else:
-                _dop853_interpolate(y, dense, (t_eval[j] - t) / h, ys[j])
+                _dop853_interpolate(y, dense, (t_eval[j] - t) / h, ys, j)
             j += 1
         t = t_new
         y, y_new = y_new, y
