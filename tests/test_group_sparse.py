@@ -248,7 +248,8 @@ def test_fine_tuning_trains_v_alone_unless_asked_and_learns_the_task():
 def test_exponent_difference_interval_covers_the_true_difference_at_its_level():
     """Paired lognormal data, 12 seeds, a noise factor shared by both methods: over 2000 experiments the 95%
     paired delta-method t interval covers the true difference 0.7 in a fraction within 4 binomial standard errors
-    (sd 0.0049) of 0.95, and is narrower than the two separate intervals would be."""
+    (sd 0.0049) of 0.95, and is narrower than the unpaired interval √(w_a² + w_b²) built from the two separate
+    ones in at least 99% of them (the shared factor cancels)."""
     from attnflow.validation.stats import fit_exponent_difference, fit_exponent_t
     x = np.array([4.0, 8.0, 16.0, 32.0])
     rng = np.random.default_rng(0)
@@ -259,12 +260,15 @@ def test_exponent_difference_interval_covers_the_true_difference_at_its_level():
         b = x[:, None] ** 0.3 * noise  # correlated with a through the shared noise: the paired design
         fit = fit_exponent_difference(x, a, b)
         covered += fit.contains(0.7)
-        separate = [fit_exponent_t(x, y) for y in (a, b)]
-        narrower += (fit.high - fit.low) < sum(f.high - f.low for f in separate)
+        widths = [f.high - f.low for f in (fit_exponent_t(x, a), fit_exponent_t(x, b))]
+        narrower += (fit.high - fit.low) < np.hypot(*widths)
     assert abs(covered / 2000 - 0.95) < 4 * 0.0049, covered / 2000
-    assert narrower == 2000
+    assert narrower >= 0.99 * 2000, narrower
     with pytest.raises(ValueError, match="same shape"):
         fit_exponent_difference(x, np.ones((4, 3)), np.ones((4, 4)))
+    same = rng.lognormal(0, 0.3, (4, 12))
+    with pytest.raises(ValueError, match="do not vary"):  # y_a ∝ y_b at every grid value: zero-width interval
+        fit_exponent_difference(x, 2.0 * same, same)
 
 
 @pytest.mark.parametrize("call, message", [

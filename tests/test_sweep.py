@@ -247,23 +247,20 @@ def test_delta_t_interval_covers_the_true_exponent_at_its_level():
     assert missed_999 <= 6, missed_999
 
 
-def test_sign_test_threshold_matches_an_enumeration_of_sign_patterns():
-    """Against the raw definition: over all 2^n equally likely sign patterns (the median exactly at the level), the
-    fraction with at least k values above is the stated rate, k is the first count whose rate is ≤ alpha, and
-    n too small to reach alpha gets no critical count."""
-    import itertools
-    for n, alpha in ((10, 1e-3), (12, 1e-2), (20, 1e-3), (6, 0.05)):
-        counts = np.array([sum(p) for p in itertools.product((0, 1), repeat=n)]) if n <= 12 else \
-            np.random.default_rng(0).binomial(n, 0.5, 2**22)
+def test_sign_test_threshold_matches_the_binomial_tail_counted_exactly():
+    """Against the raw definition: of the 2^n equally likely sign patterns (the median exactly at the level), the
+    fraction with at least k values above, counted with integer binomial coefficients, is the stated rate; k is the
+    smallest count whose rate is <= alpha; too few values give no critical count."""
+    import math
+    for n, alpha in ((0, 0.5), (6, 0.05), (9, 1e-3), (10, 1e-3), (12, 1e-2), (20, 1e-3), (40, 1e-3)):
+        tail = [sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n for k in range(n + 2)]
+        expected = next(((k, tail[k]) for k in range(n + 1) if tail[k] <= alpha), (n + 1, 0.0))
         k, rate = stats.sign_test_threshold(n, alpha)
-        tail = np.mean(counts >= k)
-        if n <= 12:
-            assert tail == rate and np.mean(counts >= k - 1) > alpha
-        else:  # 2^22 Monte-Carlo draws: within 5 binomial standard errors
-            assert abs(tail - rate) < 5 * np.sqrt(rate / 2**22)
-        assert rate <= alpha
+        assert k == expected[0] and rate == pytest.approx(expected[1], rel=1e-12, abs=0.0)
+    assert stats.sign_test_threshold(10, 1e-3) == (10, pytest.approx(2.0**-10))
     assert stats.sign_test_threshold(9, 1e-3) == (10, 0.0)
-    for bad in (dict(n=-1, alpha=0.1), dict(n=2.5, alpha=0.1), dict(n=5, alpha=0.0), dict(n=5, alpha=1.0)):
+    for bad in (dict(n=-1, alpha=0.1), dict(n=2.5, alpha=0.1), dict(n=True, alpha=0.1), dict(n=5, alpha=0.0),
+                dict(n=5, alpha=1.0)):
         with pytest.raises(ValueError, match="n must|alpha must"):
             stats.sign_test_threshold(**bad)
 

@@ -229,8 +229,9 @@ DIRECTION_ALPHA = 1e-3
 @claim("next_token_scc.gd_direction",
        reference=f"{PAPER}: global convergence theorem (hard retrieval); docs/next_token_scc.md §5, §6.1",
        statement="GD (η = 1, W_0 = 0): 1 − corr(W_τ, W^svm) decreases — the median over instances at every record "
-                 f"past τ = 100, every instance over [τ/4, τ] — and the median over random instances is at most "
-                 f"{DIRECTION_LEVEL} at τ (an exact sign test at {DIRECTION_ALPHA:g} per configuration).",
+                 f"past τ = 100, every instance over [τ/4, τ] — and the median over random instances is not shown to "
+                 f"exceed {DIRECTION_LEVEL} at τ (an exact sign test at {DIRECTION_ALPHA:g} per configuration, a "
+                 "detector of gross failure: little power near the level with 10 instances).",
        quick=GD_QUICK, full=GD_FULL)
 def gd_direction(seed, instances, steps):
     rows, ok, nominal = [], True, 0.0
@@ -251,11 +252,13 @@ def gd_direction(seed, instances, steps):
         rows.append(dict(config=config, median_at_100=float(med[np.searchsorted(t, 100)]), median_end=float(med[-1]),
                          worst_end=float(end.max()), median_monotone=monotone,
                          decreasing=f"{decreasing}/{len(runs)}", above_level=f"{above}/{len(runs)}",
-                         instances=len(runs), fails_from=critical))
+                         instances=len(runs), fails_from=critical,
+                         power_at_90_percent_above=float(scipy_stats.binom.sf(critical - 1, len(runs), 0.9))))
     return Outcome(measured={f"median_end_{r['config']}": r["median_end"] for r in rows} |
                    {f"worst_end_{r['config']}": r["worst_end"] for r in rows} |
                    {f"above_level_{r['config']}": r["above_level"] for r in rows},
-                   predicted=dict(median_end=f"population median ≤ {DIRECTION_LEVEL}, decreasing like 1/log²τ"),
+                   predicted=dict(median_end=f"population median not above {DIRECTION_LEVEL}, decreasing like "
+                                             "1/log²τ"),
                    labels={f"median_end_{c}": f"median 1 − corr(W_τ, W^svm), {c}" for c in CONFIGS} |
                    {f"worst_end_{c}": f"worst 1 − corr(W_τ, W^svm), {c}" for c in CONFIGS} |
                    {f"above_level_{c}": f"instances above {DIRECTION_LEVEL}, {c}" for c in CONFIGS},
@@ -265,8 +268,12 @@ def gd_direction(seed, instances, steps):
                    basis="1 − corr ≈ ‖W_⊥‖²/(2‖W^svm‖² log²τ) (docs/next_token_scc.md §6.1) with ‖W_⊥‖ ≲ ‖W^svm‖ "
                          f"gives ≈ 0.005–0.03 at τ = 2·10⁴, but no bound on a random instance: the level is a statement "
                          f"about the population median, tested by the exact one-sided sign test (distribution-free), "
-                         f"false alarm ≤ {DIRECTION_ALPHA:g} per configuration when the median equals the level",
+                         f"false alarm ≤ {DIRECTION_ALPHA:g} per configuration when the median equals the level; power "
+                         f"{rows[0]['power_at_90_percent_above']:.2f} when 90% of instances lie above it",
                    passed=bool(ok), details=rows, false_fail_rate=nominal,
+                   notes="; ".join(f"{r['config']}: {r['instances']} instances with W^svm ≠ 0, too few for the "
+                                   f"sign test to reject at {DIRECTION_ALPHA:g}: only the decrease is tested there"
+                                   for r in rows if r["fails_from"] > r["instances"]),
                    figure=_median_figure(groups, "one_minus_corr", "GD: direction", "$1-\\mathrm{corr}(W_\\tau, W^{svm})$",
                                          theory=("$\\propto 1/\\log^2\\tau$", lambda k: 1 / np.log(k) ** 2),
                                          level=(f"level of the population median, {DIRECTION_LEVEL}", DIRECTION_LEVEL)))

@@ -51,8 +51,12 @@ def sign_test_threshold(n: int, alpha: float) -> tuple[int, float]:
     Returns the smallest count k of values above the level at which the test rejects at ``alpha``, and its exact
     false-alarm probability P(Binomial(n, ½) ≥ k) ≤ ``alpha`` when the median equals the level (smaller when it is
     below). It is distribution-free: only P(value > level) ≤ ½ is assumed. ``(n + 1, 0.0)`` when no count
-    rejects, which happens for n < log₂(1/alpha)."""
-    if not (isinstance(n, (int, np.integer)) and n >= 0):
+    rejects, which happens for n < log₂(1/alpha).
+
+    A PASS means "not shown to exceed", and with few values the test has little power near the level: with
+    n = 10 it rejects only when all ten are above, so it catches a population with P(value > level) = 0.9 in 35%
+    of runs and one at 0.97 in 74%. Claims that use it report that power."""
+    if isinstance(n, bool) or not (isinstance(n, (int, np.integer)) and n >= 0):
         raise ValueError(f"n must be an integer >= 0, got {n!r}")
     if not (0 < alpha < 1):
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
@@ -196,8 +200,9 @@ FIT_KINDS = ("loglog", "semilog")
 
 @dataclass(frozen=True)
 class ExponentFit:
-    """A scaling exponent with an expanded-percentile bootstrap interval over seeds (Hesterberg, "What teachers
-    should know about the bootstrap", Am. Stat. 69, 2015).
+    """A scaling exponent with an interval over seeds: an expanded-percentile bootstrap (Hesterberg, "What teachers
+    should know about the bootstrap", Am. Stat. 69, 2015; ``n_boot`` resamples) or a delta-method Student-t
+    interval (``n_boot = 0``, ``method`` says which).
 
     ``kind="loglog"``: y ≈ C·x^p, ``estimate`` = p. ``kind="semilog"``: y ≈ C·exp(p·x) (so p = −c for exp(−cx)).
     The interval resamples whole seeds (columns), keeping each seed's values at all x together (paired design).
@@ -265,6 +270,8 @@ def _delta_scores(xs, y):
 
 def _student_t_fit(kind, estimate, scores, level) -> ExponentFit:
     n_seeds = scores.size
+    if not np.ptp(scores) > 0:
+        raise ValueError("the per-seed scores do not vary: the seeds give no interval")
     half = float(_scipy_stats.t.ppf(0.5 + level / 2, n_seeds - 1) * scores.std(ddof=1) / np.sqrt(n_seeds))
     return ExponentFit(kind=kind, estimate=estimate, low=estimate - half, high=estimate + half,
                        level=level, n_boot=0, n_seeds=n_seeds,
@@ -288,7 +295,8 @@ def fit_exponent_difference(x, y_a, y_b, *, kind: str = "loglog", level: float =
     """Exponent of ``y_a`` minus exponent of ``y_b`` (both (n_x, n_seeds), seed i of each measured on the same
     data), with the delta-method Student-t interval of :func:`fit_exponent_t` applied to the per-seed differences
     of scores z_i^a − z_i^b: pairing the seeds keeps their correlation, so the interval is narrower than comparing
-    two separate intervals, and the t reference with n − 1 degrees of freedom keeps its level with few seeds."""
+    two separate intervals. The t reference with n − 1 degrees of freedom is approximate: the suite measures
+    coverage 0.94–0.95 at nominal 0.95 with 12 seeds of mildly skewed data; heavy skew lowers it."""
     _, xs, y_a, estimate_a = _exponent_estimate(x, y_a, kind, level)
     _, _, y_b, estimate_b = _exponent_estimate(x, y_b, kind, level)
     if y_a.shape != y_b.shape:
