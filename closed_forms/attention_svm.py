@@ -421,6 +421,9 @@ def offset_prediction(problem: AttentionSVMProblem, alpha=None) -> np.ndarray:
 
 def two_token_offset(C: float, loss: str) -> float:
     """Closed form of §6.2 for the two-token toy: p2* = ½ log(C|ℓ'(C)|/|ℓ'(1)|)."""
+    C = check.real(C, "C", minimum=0.0, strict=True)
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     return 0.5 * (np.log(C) + float(log_abs_loss_derivative(C, loss)) - float(log_abs_loss_derivative(1.0, loss)))
 
 
@@ -520,9 +523,7 @@ def selection_offset(problem: AttentionSVMProblem, log_s, selected) -> np.ndarra
 
 def corr(A, B) -> float:
     """corr(A, B) = <A, B>_F/(||A||_F ||B||_F) (§1)."""
-    A = np.asarray(A, float).ravel()
-    B = np.asarray(B, float).ravel()
-    return float(A @ B / (np.linalg.norm(A) * np.linalg.norm(B)))
+    return check.correlation(A, B)
 
 
 # ==================================================================================================

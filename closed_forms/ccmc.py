@@ -145,13 +145,13 @@ class CCMCProblem:
 
 def centred_logits(Theta) -> np.ndarray:
     """Θ with each row shifted to mean 0: the likelihood is invariant to row shifts Θ_{a,·} + c_a (§5.1)."""
-    Theta = np.asarray(Theta, float)
+    Theta = check.finite_array(Theta, "Theta")
     return Theta - Theta.mean(axis=-1, keepdims=True)
 
 
 def chain_from_logits(Theta) -> np.ndarray:
     """P = rowsoftmax(Θ) (§1), with the log-sum-exp shift."""
-    Theta = np.asarray(Theta, float)
+    Theta = check.finite_array(Theta, "Theta")
     e = np.exp(Theta - Theta.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 

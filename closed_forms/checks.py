@@ -39,10 +39,23 @@ def symmetric_psd(value, name: str, size: int | None = None) -> np.ndarray:
     scale = max(1.0, float(np.abs(matrix).max(initial=0.0)))
     if np.abs(matrix - matrix.T).max(initial=0.0) > PSD_TOLERANCE * scale:
         raise ValueError(f"{name} must be symmetric")
-    smallest = float(np.linalg.eigvalsh(matrix).min(initial=0.0))
+    # eigenvalues of the matrix divided by its scale: LAPACK fails to converge on entries near the overflow limit
+    smallest = scale * float(np.linalg.eigvalsh(matrix / scale).min(initial=0.0))
     if smallest < -PSD_TOLERANCE * scale:
         raise ValueError(f"{name} must be positive semi-definite (smallest eigenvalue {smallest:.3g})")
     return matrix
+
+
+def correlation(A, B) -> float:
+    """corr(A, B) = <A, B>_F/(‖A‖_F ‖B‖_F) of two finite arrays of the same size, neither zero (undefined there)."""
+    A = finite_array(A, "A").ravel()
+    B = finite_array(B, "B").ravel()
+    if A.size != B.size:
+        raise ValueError(f"A and B must have the same number of entries, got {A.size} and {B.size}")
+    norm_A, norm_B = np.linalg.norm(A), np.linalg.norm(B)
+    if norm_A == 0 or norm_B == 0:
+        raise ValueError("the correlation of a zero array is undefined (A or B is zero)")
+    return float(A @ B / (norm_A * norm_B))
 
 
 def integer(value, name: str, minimum: int | None = None) -> int:

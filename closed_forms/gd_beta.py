@@ -401,7 +401,8 @@ def bayes_conditional_excess(problem: GDBetaProblem, X) -> np.ndarray:
 
 def gd_beta_predict(X, y, x_query, beta0, Gamma) -> np.ndarray:
     """GD-β prediction (5.1): x_qᵀ[β₀ − (1/N)ΓXᵀ(Xβ₀ − y)]. X (..., N, d), y (..., N), x_query (..., d)."""
-    X = np.asarray(X, dtype=float)
+    X, y, x_query = (check.finite_array(v, name) for v, name in ((X, "X"), (y, "y"), (x_query, "x_query")))
+    beta0, Gamma = check.finite_array(beta0, "beta0", ndim=1), check.finite_array(Gamma, "Gamma", ndim=2)
     N = X.shape[-2]
     grad = np.einsum("...nd,...n->...d", X, X @ beta0 - y) / N
     beta_hat = beta0 - grad @ np.asarray(Gamma).T

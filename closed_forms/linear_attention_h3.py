@@ -80,6 +80,13 @@ def random_walk_drift(n: int, rho2: float) -> np.ndarray:
     return rho2 * (n + 1 - np.maximum.outer(index, index)).astype(float)
 
 
+def _check_magnitude(value, name: str) -> None:
+    """The risks are quartic in the covariances: beyond 1e75 an intermediate overflows."""
+    size = 0.0 if value is None else float(np.max(np.abs(value), initial=0.0))
+    if size > 1e75:
+        raise ValueError(f"{name} has entries of size {size:.3g}; at most 1e75 keeps the fourth moments finite")
+
+
 @dataclass(frozen=True)
 class H3Problem:
     """In-context linear estimation with the designs of docs/linear_attention_h3.md §1.
@@ -110,6 +117,7 @@ class H3Problem:
     def __post_init__(self):
         H = check.symmetric_psd(self.H, "H")
         d = H.shape[0]
+        _check_magnitude(H, "H")
         if d < 1:
             raise ValueError("H must be at least 1x1 (d >= 1)")
         if np.linalg.eigvalsh(H).min() <= check.PSD_TOLERANCE * max(1.0, np.abs(H).max()):
@@ -128,6 +136,8 @@ class H3Problem:
             object.__setattr__(self, "drift", check.symmetric_psd(self.drift, "drift", size=n))
         Delta = np.eye(d) if self.Delta is None else self.Delta
         object.__setattr__(self, "Delta", check.symmetric_psd(Delta, "Delta", size=d))
+        for name in ("Psi", "Delta", "drift", "noise", "sigma2"):
+            _check_magnitude(getattr(self, name), name)
         if self.design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {self.design!r}")
         object.__setattr__(self, "alpha", check.real(self.alpha, "alpha", minimum=0.0, maximum=1.0))
@@ -241,6 +251,7 @@ def _check_weights(problem: H3Problem, omega) -> np.ndarray:
 
 def _check_preconditioner(problem: H3Problem, W) -> np.ndarray:
     W = check.finite_array(W, "W")
+    _check_magnitude(W, "W")
     if W.ndim < 2 or W.shape[-2:] != (problem.d, problem.d):
         raise ValueError(f"W must have shape (..., {problem.d}, {problem.d}), got {W.shape}")
     return W
@@ -505,6 +516,9 @@ def effective_sample_size(problem: H3Problem, risk: float) -> float:
 
 def isotropic_effective_sample_size(d: int, sigma2: float, risk: float) -> float:
     """n_eff = d(d+1+σ²)/(risk − σ²) − (d+1+σ²) (§7.2)."""
+    d = check.integer(d, "d", minimum=1)
+    sigma2 = check.real(sigma2, "sigma2", minimum=0.0)
+    risk = check.real(risk, "risk", minimum=sigma2, strict=True)
     return d * (d + 1 + sigma2) / (risk - sigma2) - (d + 1 + sigma2)
 
 

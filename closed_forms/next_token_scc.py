@@ -381,6 +381,9 @@ def loss_and_gradient(problem: NTPProblem, W, *, mask=None) -> dict:
     reduced loss of §4.2 with mask = O_i.
 
     Returns ``loss``, ``log_loss``, ``gradient`` and ``logit_gradient`` (n, T) dL/dl_it."""
+    W = check.finite_array(W, "W")
+    if np.abs(W).max(initial=0.0) > 1e100:  # logits of size 1e300 leave no finite softmax
+        raise ValueError(f"W has entries of size {np.abs(W).max():.3g}; at most 1e100 keeps the logits finite")
     l = logits(problem, W)
     if mask is not None:
         mask = np.asarray(mask, bool)
@@ -455,13 +458,14 @@ def predicted_attention(problem: NTPProblem, W_fin=None, graphs: PriorityGraphs 
 
 def corr(A, B) -> float:
     """corr(A, B) = <A, B>_F/(||A||_F ||B||_F)."""
-    A = np.asarray(A, float).ravel()
-    B = np.asarray(B, float).ravel()
-    return float(A @ B / (np.linalg.norm(A) * np.linalg.norm(B)))
+    return check.correlation(A, B)
 
 
 def fit_radius(W, W_fin, W_svm) -> float:
     """R = argmin_R ||W − W^fin − R W^svm||_F, the least-squares radius of the decomposition W ≈ W^fin + R W^svm
     (§5.1)."""
-    W_svm = np.asarray(W_svm, float)
-    return float(np.sum((np.asarray(W, float) - W_fin) * W_svm) / np.sum(W_svm ** 2))
+    W_svm = check.finite_array(W_svm, "W_svm")
+    W, W_fin = check.finite_array(W, "W", shape=W_svm.shape), check.finite_array(W_fin, "W_fin", shape=W_svm.shape)
+    if not np.any(W_svm):
+        raise ValueError("W_svm is zero: the radius along it is undefined")
+    return float(np.sum((W - W_fin) * W_svm) / np.sum(W_svm ** 2))

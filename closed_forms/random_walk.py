@@ -378,8 +378,14 @@ def _unit(x):
     return x / norm
 
 
+def _direction_arguments(K, p) -> tuple[int, float]:
+    """K >= 3 states (v[1] and v[−1] distinct) and a probability p."""
+    return check.integer(K, "K", minimum=3), check.real(p, "p", minimum=0.0, maximum=1.0)
+
+
 def claim3_direction(K: int, p: float) -> np.ndarray:
     """v of Πᵀ: v[1] = p, v[−1] = 1 − p (the target of the paper's claim 3, docs/random_walk.md §3)."""
+    K, p = _direction_arguments(K, p)
     v = np.zeros(K)
     v[1], v[-1] = p, 1 - p
     return v
@@ -387,6 +393,7 @@ def claim3_direction(K: int, p: float) -> np.ndarray:
 
 def sqrt_law_direction(K: int, p: float) -> np.ndarray:
     """v[1] = √p, v[−1] = √(1 − p): the direction V actually converges to (docs/random_walk.md §6, derived)."""
+    K, p = _direction_arguments(K, p)
     v = np.zeros(K)
     v[1], v[-1] = math.sqrt(p), math.sqrt(1 - p)
     return v

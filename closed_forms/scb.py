@@ -255,6 +255,7 @@ def reduced_coordinates(problem: SCBProblem, V, Q) -> dict:
 
 def line_point(problem: SCBProblem, alpha_V: float, alpha_Q: float) -> tuple[np.ndarray, np.ndarray]:
     """(V, Q) = (μ1ᵀ + α_V(P − μ1ᵀ), (1/T)11ᵀ + α_Q(Q* − (1/T)11ᵀ)): the invariant line of docs/scb.md §8.3."""
+    alpha_V, alpha_Q = check.real(alpha_V, "alpha_V"), check.real(alpha_Q, "alpha_Q")
     V0, Q0 = problem.initial_point()
     return V0 + alpha_V * (problem.P - V0), Q0 + alpha_Q * (problem.Q_star - Q0)
 
@@ -319,6 +320,10 @@ def pack_line_params(problem: SCBProblem, eta_V: float, eta_Q: float) -> np.ndar
 def reduced_risk(problem: SCBProblem, alpha_V: float, alpha_Q: float, e_V: float = 0.0, e_Q: float = 0.0) -> float:
     """R = R* + (K_P/2)[(1 − α_V)²/T + K_Q(1 − α_Vα_Q)²] + ½(a e_V + α_V²K_P e_Q) on 𝒱 × 𝒬 (docs/scb.md §8.2)."""
     K_P, K_Q, T = problem.K_P, problem.K_Q, problem.T
+    alpha_V, alpha_Q = check.finite_array(alpha_V, "alpha_V"), check.finite_array(alpha_Q, "alpha_Q")
+    e_V, e_Q = check.real(e_V, "e_V"), check.real(e_Q, "e_Q")
+    if max(np.abs(alpha_V).max(initial=0.0), np.abs(alpha_Q).max(initial=0.0)) > 1e75:  # quartic in the α's
+        raise ValueError("alpha_V and alpha_Q must be at most 1e75 in size to keep the risk finite")
     a = 1.0 / T + alpha_Q**2 * K_Q + e_Q
     return (problem.bayes_risk + 0.5 * K_P * ((1 - alpha_V) ** 2 / T + K_Q * (1 - alpha_V * alpha_Q) ** 2)
             + 0.5 * (a * e_V + alpha_V**2 * K_P * e_Q))

@@ -587,6 +587,13 @@ def population(problem: AttentionSVMProblem, *, R_max: float = 64.0, points: int
     return regularisation_path(problem, R_max * 2.0 ** -np.arange(points - 1, -1, -1))
 
 
+def _step_and_scale(eta, init_scale) -> tuple[float, float]:
+    """The step and the initialisation scale of a public run: positive and at most 1e6 (beyond it the first step
+    already overflows the norms); the scale > 0 because 1 − corr is undefined at θ = 0."""
+    return (check.real(eta, "eta", minimum=0.0, strict=True, maximum=1e6),
+            check.real(init_scale, "init_scale", minimum=0.0, strict=True, maximum=1e6))
+
+
 def minibatch(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, algorithm: str = "ngd", eta: float = 0.1,
               steps: int = 2000, init_scale: float = 1.0, records: int = 60) -> Trajectory:
     """The papers' training algorithm on the whole finite data set (one step per epoch; §2.4), from a random
@@ -594,6 +601,7 @@ def minibatch(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, algorithm
     (W, p) or the nuclear SVM (K, Q) when it is feasible."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    eta, init_scale = _step_and_scale(eta, init_scale)
     parts = seeding.spawn(seed, 2)
     if algorithm in ("ngd", "gd"):
         run = train(problem, initial_theta(problem, seed=parts[0], scale=init_scale), eta=eta, steps=steps,

@@ -21,7 +21,7 @@ from attnflow.closed_forms.softmax import softmax_into
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import Trajectory
+from .montecarlo import Trajectory, check_run_length
 
 __all__ = ["random_embeddings", "tied_head", "attention_logits", "attention_output", "positional_attention_output",
            "sample_raw_outputs", "generate_raw", "sample_learning_data", "fit_mle", "raw_nll_and_gradient",
@@ -619,8 +619,7 @@ def population(problem: CCMCProblem, *, steps: int = 100_000, n_records: int = 6
     """The theory side of a generated trajectory: the fluid limit of §6.5 from the shares of X0, in τ = log(t/L₀ + 1)
     and reported at the generated-token counts t. Metrics: each token's share, the number of tokens with share
     above 1%, and the largest invasion rate among tokens with share below 1% (< 1: none can come back)."""
-    steps = check.integer(steps, "steps", minimum=1)
-    n_records = check.integer(n_records, "n_records", minimum=3)
+    steps, n_records = check_run_length(steps, n_records, min_records=3, max_steps=100_000_000)
     t = _log_steps(steps, n_records).astype(float)
     L0 = len(problem.X0)
     f0 = problem.initial_counts / L0
@@ -636,9 +635,8 @@ def minibatch(problem: CCMCProblem, *, seed, steps: int = 100_000, runs: int = 5
     """Generation by the CCMC from X0 (the model sampling its own growing context, §6), ``runs`` trajectories as
     count vectors. Metrics: the run-mean share of each token, the run-mean number of tokens with share above
     1%, and the run-mean largest share. ``states['shares']`` holds every run (n_t, runs, K)."""
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, n_records = check_run_length(steps, n_records, min_records=3)
     runs = check.integer(runs, "runs", minimum=1)
-    n_records = check.integer(n_records, "n_records", minimum=3)
     record = _log_steps(steps, n_records)
     result = generate_counts(problem.P, problem.X0, seed=seed, runs=runs, record_steps=record, query=problem.query)
     counts = result["counts"]

@@ -17,7 +17,8 @@ from attnflow.closed_forms import checks as check
 from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from attnflow.seeding import SeedLike, generators
 
-from .montecarlo import MonteCarloMean, RegressionPrompts, Trajectory, monte_carlo_mean, prompt_risk
+from .montecarlo import (MonteCarloMean, RegressionPrompts, Trajectory, check_run_length, monte_carlo_mean,
+                         prompt_risk)
 from .diffusion import NoiseBand, gaussian_noise_paths, linear_noise, pool_size
 from .optimizers import OPTIMIZERS, cosine_schedule
 
@@ -77,6 +78,9 @@ def monte_carlo_risk(problem: GDBetaProblem, predict, n: int, *, seed: SeedLike,
     return prompt_risk(lambda rng, m: sample_prompts(problem, m, rng), predict, n, seed=seed, chunk=chunk)
 
 
+MAX_BAYES_CONTEXTS = 10**7
+
+
 def bayes_risk(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, chunk: int = 20_000) -> MonteCarloMean:
     """Bayes risk σ² + E_X tr(Σ(I + X̃ᵀX̃/σ²)⁻¹) (Lemma 6.1, docs/gd_beta.md §7), averaging over contexts X only.
 
@@ -84,6 +88,10 @@ def bayes_risk(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, chunk
     4·10⁴ contexts give ~10⁻³ relative).
     """
     d, N = problem.d, problem.N
+    n_contexts = check.integer(n_contexts, "n_contexts", minimum=2)
+    if n_contexts > MAX_BAYES_CONTEXTS:
+        raise ValueError(f"n_contexts must be <= {MAX_BAYES_CONTEXTS:.0e} (a d × d solve per context; more takes "
+                         f"hours), got {n_contexts}")
 
     def conditional(rng, m):
         X = rng.standard_normal((m, N, d)) @ problem.H_half
@@ -429,7 +437,7 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
     batch_size = check.integer(batch_size, "batch_size", minimum=1)
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, _ = check_run_length(steps, None, optional_records=True)
     lr = check.real(lr, "lr", minimum=0.0, strict=True)
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
     record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)

@@ -20,7 +20,7 @@ from attnflow.closed_forms.group_sparse import GroupSparseProblem
 from .integrate import DivergenceError, iterate_map, map_loop, solve_dopri5
 from attnflow.seeding import SeedLike, as_seed_sequence
 
-from .montecarlo import Trajectory
+from .montecarlo import Trajectory, check_run_length
 
 __all__ = ["sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "position_only_flow", "attention_on_star",
            "attention_matrix", "population", "minibatch"]
@@ -205,6 +205,13 @@ def attention_on_star(problem: GroupSparseProblem, X, W) -> float:
     return float(attention_matrix(problem, X, W)[problem.star].mean())
 
 
+def _flag(value, name: str) -> bool:
+    """A true/false option: a bool (numpy's included), refused otherwise (NaN is not a truth value)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, batch_size: int, seed: SeedLike,
                        fresh: bool = True, symmetrise: bool = True, position_only: bool = False,
                        n_records: int = 30, n_eval: int = 2000) -> Trajectory:
@@ -216,8 +223,9 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
     j* over a held-out set of ``n_eval`` samples, and the symmetry residuals of docs/group_sparse.md §5.
     """
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, n_records = check_run_length(steps, n_records)
     batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    position_only = _flag(position_only, "position_only")
     root = as_seed_sequence(seed)
     data_seed, eval_seed = root.spawn(2)
     rng = np.random.default_rng(data_seed)
@@ -260,7 +268,7 @@ def _position_only_loop(x0, n_steps, record_steps, params, blowup):
 def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, n_records: int = 60,
                              record_steps=None) -> Trajectory:
     """The (β, α) map of docs/group_sparse.md §6 from (0, 0) through the integrator engine; records β, α, s*, L."""
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, n_records = check_run_length(steps, n_records)
     record = (np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
               if record_steps is None else np.asarray(record_steps, int))
     sol = iterate_map(cf.position_only_step, [0.0, 0.0], steps, cf.pack_position_only_params(problem, eta),

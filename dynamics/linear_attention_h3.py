@@ -20,7 +20,8 @@ from attnflow.seeding import SeedLike, generators
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import MonteCarloMean, RegressionPrompts, Trajectory, monte_carlo_mean, prompt_risk
+from .montecarlo import (MonteCarloMean, RegressionPrompts, Trajectory, check_run_length, monte_carlo_mean,
+                         prompt_risk)
 from .optimizers import OPTIMIZERS
 
 __all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference",
@@ -122,6 +123,13 @@ def _attention_parts(Z, Wq, Wk, v):
 
 def attention_forward(Z, Wq, Wk, v) -> np.ndarray:
     """ŷ = (1/n) z_qᵀ W_qW_kᵀ (Σ_{i<=n+1} z_iz_iᵀ) v, the bottom-right entry of one linear-attention layer (§2.3)."""
+    Z, Wq, Wk, v = (check.finite_array(a, name) for a, name in ((Z, "Z"), (Wq, "Wq"), (Wk, "Wk"), (v, "v")))
+    return _attention_prediction(Z, Wq, Wk, v)
+
+
+def _attention_prediction(Z, Wq, Wk, v) -> np.ndarray:
+    """:func:`attention_forward` without the checks, for the training loop: parameters that stop being finite there
+    are a divergence, which the loop reports naming the step."""
     return _attention_parts(Z, Wq, Wk, v)[0]
 
 
@@ -305,7 +313,7 @@ class _AttentionModel:
         return cf.attention_effective_preconditioner(*self.params, self.problem.n), None
 
     def predict(self, prompts):
-        return attention_forward(token_matrices(prompts), *self.params)
+        return _attention_prediction(token_matrices(prompts), *self.params)
 
 
 class _H3Model:
@@ -355,7 +363,7 @@ def trained_predictor(trajectory: Trajectory, W0=None):
     """``predict(prompts) -> ŷ`` of the model a :func:`train` run ended with (its ``final`` weights)."""
     model, w = trajectory.info["model"], trajectory.final
     if model == "attention":
-        return lambda prompts: attention_forward(token_matrices(prompts), w["Wq"], w["Wk"], w["v"])
+        return lambda prompts: _attention_prediction(token_matrices(prompts), w["Wq"], w["Wk"], w["v"])
     if model == "h3":
         return lambda prompts: h3_forward(token_matrices(prompts), w["Wq"], w["Wk"], w["Wv"], w["f"])
     W = w["W"] if model == "pgd" else W0 + w["U"] @ w["V"].T
@@ -383,7 +391,7 @@ def train(problem: H3Problem, model: str, *, seed: SeedLike, steps: int = 2000, 
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, _ = check_run_length(steps, None, optional_records=True)
     batch_size = check.integer(batch_size, "batch_size", minimum=1)
     lr = check.real(lr, "lr", minimum=0.0, strict=True)
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)

@@ -13,7 +13,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.dynamics import progress
 from attnflow.seeding import SeedLike, generators
 
-__all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_risk", "log_spaced_steps", "MAX_STEPS", "MAX_RECORDS",
+__all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_risk", "log_spaced_steps", "check_run_length", "MAX_STEPS", "MAX_RECORDS",
            "Trajectory"]
 
 
@@ -39,8 +39,11 @@ def monte_carlo_mean(draw, n: int, *, seed: SeedLike, chunk: int = 50_000) -> Mo
 
     Chunk i uses generator i spawned from ``seed`` so memory stays bounded and results are reproducible.
     """
-    if n < 2:
-        raise ValueError(f"n must be >= 2 for a standard error, got {n}")
+    n = check.integer(n, "n", minimum=2)
+    chunk = check.integer(chunk, "chunk", minimum=1)
+    if n > MAX_SAMPLES:
+        raise ValueError(f"n must be <= {MAX_SAMPLES:.0e} samples (a larger mean is a typo, not an experiment), "
+                         f"got {n}")
     sizes = [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
     total = total_sq = 0.0
     for index, (rng, size) in enumerate(zip(generators(seed, len(sizes)), sizes)):
@@ -79,7 +82,23 @@ def prompt_risk(sample_prompts, predict, n: int, *, seed: SeedLike, chunk: int =
 
 
 MAX_STEPS = 10_000_000  # bounds on recorded training runs: beyond them a typo, not an experiment
+MAX_SAMPLES = 10**9  # bound on a Monte-Carlo mean's samples, for the same reason
 MAX_RECORDS = 2000
+
+
+def check_run_length(steps, n_records, *, min_records: int = 1, optional_records: bool = False,
+                     max_steps: int = MAX_STEPS) -> tuple[int, int | None]:
+    """A recorded run's ``steps`` in [1, max_steps] and ``n_records`` in [min_records, MAX_RECORDS] (``None`` kept
+    when ``optional_records``), checked before any allocation; ValueError naming the parameter otherwise."""
+    steps = check.integer(steps, "steps", minimum=1)
+    if steps > max_steps:
+        raise ValueError(f"steps must be <= {max_steps} (a longer run is a typo, not an experiment), got {steps}")
+    if n_records is None and optional_records:
+        return steps, None
+    n_records = check.integer(n_records, "n_records", minimum=min_records)
+    if n_records > MAX_RECORDS:
+        raise ValueError(f"n_records must be <= {MAX_RECORDS}, got {n_records}")
+    return steps, n_records
 
 
 def log_spaced_steps(steps: int, records: int) -> np.ndarray:

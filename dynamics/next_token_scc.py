@@ -326,6 +326,10 @@ def minibatch(problem: NTPProblem, *, seed: seeding.SeedLike, algorithm: str = "
     ``seed`` (§2.3), with the metrics of §8.1."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    # positive and at most 1e6 (beyond it the first step overflows the logits); the scale > 0 because 1 − corr is
+    # undefined at W = 0
+    eta = check.real(eta, "eta", minimum=0.0, strict=True, maximum=1e6)
+    init_scale = check.real(init_scale, "init_scale", minimum=0.0, strict=True, maximum=1e6)
     W0 = initial_W(problem, seed=seed, scale=init_scale)
     run = train(problem, W0, eta=eta, steps=steps, normalise=algorithm == "ngd", records=records)
     return Trajectory(times=run.times, states=run.states, metrics={**run.metrics, **metrics(run, Reference(problem))},

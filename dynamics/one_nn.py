@@ -21,7 +21,7 @@ from .integrate import DivergenceError, iterate_map, map_loop, rk4_loop, solve_r
 from attnflow.seeding import SeedLike, generators
 
 from . import progress
-from .montecarlo import MonteCarloMean, Trajectory
+from .montecarlo import MonteCarloMean, Trajectory, check_run_length
 
 __all__ = ["Prompts", "sample_prompts", "token_matrices", "manifold_weight", "per_prompt_loss_and_gradient",
            "monte_carlo_loss", "reduced_trajectory", "flow_trajectory", "full_gd_trajectory",
@@ -161,7 +161,7 @@ def reduced_trajectory(problem: OneNNProblem, eta: float, steps: int, *, n_recor
     """Reduced GD (docs/one_nn.md §4) from (ξ₁, ξ₂) = (0, σ) for ``steps`` steps of size η, recorded at ``n_records``
     log-spaced steps; the loss and gradient at the recorded points come from the same quadrature, whose grid
     grows with ξ₁ (:class:`attnflow.closed_forms.one_nn.Resolution`)."""
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, n_records = check_run_length(steps, n_records)
     record = np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
     sol = iterate_map(cf.reduced_gd_step, [0.0, problem.sigma], steps,
                       cf.pack_reduced_params(problem, eta, resolution), record_steps=record, loop=_reduced_gd_loop)
@@ -172,7 +172,7 @@ def flow_trajectory(problem: OneNNProblem, eta: float, steps: int, *, dt_steps: 
                     resolution: cf.Resolution = cf.DYNAMICS_RESOLUTION) -> Trajectory:
     """The gradient-flow limit of reduced GD (RK4 in τ = ηk, step ``dt_steps`` GD steps), on the GD step axis."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, n_records = check_run_length(steps, n_records)
     n = max(1, int(round(steps / dt_steps)))
     sol = solve_rk4(cf.reduced_flow_rhs, [0.0, problem.sigma], (0.0, eta * steps), eta * steps / n,
                     cf.pack_reduced_params(problem, eta, resolution), record_every=max(1, n // n_records),
@@ -199,7 +199,7 @@ def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size
     """
     d = problem.d
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, n_records = check_run_length(steps, n_records)
     batch_size = check.integer(batch_size, "batch_size", minimum=1)
     (rng,) = generators(seed, 1)
     W = manifold_weight(d, 0.0, problem.sigma)

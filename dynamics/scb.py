@@ -152,6 +152,9 @@ def minibatch_gradients(problem: SCBProblem, V, Q, batch: int, *, seed: SeedLike
     V = check.finite_array(V, "V", shape=(problem.N, problem.N))
     Q = check.finite_array(Q, "Q", shape=(problem.T, problem.N))
     batch = check.integer(batch, "batch", minimum=1)
+    if batch > MAX_GRADIENT_BATCH:
+        raise ValueError(f"batch must be <= {MAX_GRADIENT_BATCH:.0e} samples (about a minute at these kernels' "
+                         f"speed; a larger batch is a typo), got {batch}")
     chunk = check.integer(chunk, "chunk", minimum=1)
     with np.errstate(over="ignore"):  # the generator's uint64 arithmetic wraps by design (matters without JIT)
         # writable C-ordered copies: the same argument types as the training kernel's, so one compiled version serves
@@ -344,6 +347,7 @@ RECORD_NAMES = ("step", "alpha_V", "alpha_Q", "dist_V", "dist_Q", "colsum_V", "s
 
 
 MAX_STAGE_BATCH = 10_000_000  # largest samples per step of a stage; `attnflow simulate scb` has the same bound
+MAX_GRADIENT_BATCH = 10**8  # largest batch of one minibatch_gradients call
 
 
 @dataclass(frozen=True)
@@ -450,6 +454,8 @@ def _project_columns(Q: np.ndarray) -> np.ndarray:
 
 def round_columns(Q: np.ndarray, threshold: float) -> np.ndarray:
     """Zero the entries below ``threshold``, then project every column back to 1ᵀq = 1 (docs/scb.md §6, rounding)."""
+    Q = check.finite_array(Q, "Q", ndim=2)
+    threshold = check.real(threshold, "threshold")
     return _project_columns(np.where(Q < threshold, 0.0, Q))
 
 

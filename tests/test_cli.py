@@ -1,5 +1,6 @@
 """The command line end to end, in subprocesses as a user runs it."""
 import json
+import os
 import subprocess
 import sys
 
@@ -107,6 +108,22 @@ def test_solve_gd_beta_json_and_plot(tmp_path):
         (["bench", "scb", "--repeats", "0"], "--repeats must be >= 1"),
         (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=1e9", "--seeds", "2", "--store",
           "/tmp/attnflow-never-written"], "would sample 264.0 GB at once"),
+        (["solve", "gd-beta", "--plot", "figure.txt"], "--plot: 'figure.txt' must end in one of"),
+        (["sweep", "sweep.sleep", "--grid", "seconds=0", "--store", ""], "--store needs a folder name"),
+        (["sweep", "sweep.sleep", "--grid", "seconds=1e300", "--store", "/tmp/attnflow-never-written"],
+         "seconds must be <= 3600"),
+        (["sweep", "sweep.sleep", "--grid", "seconds=-1", "--store", "/tmp/attnflow-never-written"],
+         "seconds must be >= 0"),
+        (["sweep", "sweep.sleep", "--grid", "size=1e12", "--store", "/tmp/attnflow-never-written"],
+         "size must be <= 10**7"),
+        (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=2.5", "--store",
+          "/tmp/attnflow-never-written"], "batch_size must be an integer, got 2.5"),
+        (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=16,16", "--store",
+          "/tmp/attnflow-never-written"], "--grid gives a value of batch_size twice"),
+        (["sweep", "sweep.sleep", "--grid", "seconds=0", "--seeds", "2", "--store", "/tmp/attnflow-never-written",
+          "--plot", "/tmp/attnflow-never-written.png"], "--plot needs a target with a scaling law"),
+        (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=16,64", "--seeds", "2", "--store",
+          "/tmp/attnflow-never-written", "--plot", "/tmp/attnflow-never-written.png"], "needs at least 3 values"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, message):
@@ -202,3 +219,13 @@ def test_bench_runs_a_script_in_its_own_process_and_gathers_its_named_ratios(tmp
 def test_bench_finds_the_checkout_benchmarks():
     from attnflow.validation import cli
     assert {"scb", "one_nn", "group_sparse", "reduced_solves"} <= set(cli.benchmark_scripts())
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_figure_that_cannot_be_written_is_an_error_not_a_success(tmp_path):
+    """A full device accepts the open and fails on the write: the command says so in one line, exit 2."""
+    target = tmp_path / "figure.png"
+    target.symlink_to("/dev/full")
+    result = attnflow("solve", "gd-beta", "--param", "t_end=1", "--param", "n_points=5", "--plot", str(target))
+    assert result.returncode == 2 and "--plot: cannot write" in result.stderr and "figure written" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr

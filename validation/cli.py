@@ -17,6 +17,7 @@ as failures too); 2 bad input (one line on stderr); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -131,6 +132,19 @@ def _check_output_file(path: str | None, option: str) -> None:
         raise ValueError(f"{option}: the folder {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise ValueError(f"{option}: cannot write {path!r}")
+
+
+def _check_plot_file(path: str | None) -> None:
+    """``--plot``: a writable file whose suffix names a format matplotlib writes, refused before any work starts."""
+    _check_output_file(path, "--plot")
+    if path is None:
+        return
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix not in formats:
+        raise ValueError(f"--plot: {path!r} must end in one of {', '.join('.' + f for f in sorted(formats))}")
 
 
 def _check_output_folder(path: str | None, option: str) -> None:
@@ -298,8 +312,15 @@ def _command_sweep(args) -> int:
     if not args.target:
         raise ValueError("give a TARGET to sweep (attnflow sweep --list shows the observables)")
     _check_seed(args.seed)
-    _check_output_file(args.plot, "--plot")
+    _check_plot_file(args.plot)
+    _check_output_folder(args.store, "--store")
     grid = sweep.parse_grid(args.grid)
+    if args.plot:  # refused before the work, not after it
+        law = sweep.target_law(args.target)
+        if law is None or set(grid) != {law.x}:
+            raise ValueError("--plot needs a target with a scaling law, swept over its x parameter alone")
+        if len(grid[law.x]) < 3 or args.seeds < 2:
+            raise ValueError(f"--plot fits the scaling law: it needs at least 3 values of {law.x} and --seeds 2")
     store = f"{args.store.rstrip('/')}/{args.target.replace('-', '_')}"
     result = sweep.run_sweep(args.target, grid, seeds=args.seeds, master_seed=args.seed, store=store,
                              n_jobs=args.jobs, scheduler=args.scheduler, progress=not args.no_progress)
@@ -325,8 +346,6 @@ def _command_sweep(args) -> int:
     for line in result.extra.get("quarantined", []):
         print(f"attnflow: a stored record could not be used and was recomputed: {line}", file=sys.stderr)
     if args.plot:
-        if fit is None:
-            raise ValueError("--plot needs a target with a scaling law swept over its x parameter alone")
         x, y = result.values(result.law.y, result.law.x)
         _save(plots.scaling_figure(x, y, fit, result.law, result.target), args.plot)
     return 0 if passed else 1
@@ -404,8 +423,13 @@ def _print_values(values: dict) -> None:
 def _save(figure, path: str) -> None:
     if not path.strip():
         raise ValueError("--plot needs a file name")
+    # rendered in memory, then written and closed here: a failed write (a full device) raises on close, which
+    # matplotlib's own file handling does not report
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=110, format=Path(path).suffix.lstrip(".").lower())
     try:
-        figure.savefig(path, dpi=110)
+        with open(path, "wb") as handle:
+            handle.write(buffer.getvalue())
     except OSError as error:
         raise ValueError(f"--plot: cannot write {path!r} ({error.strerror or error})") from None
     print(f"figure written to {path}", file=sys.stderr)
@@ -417,7 +441,7 @@ def _run_system_command(args, *, simulate: bool) -> int:
         print(system.parameter_help())
         return 0
     seed = _check_seed(args.seed)
-    _check_output_file(args.plot, "--plot")
+    _check_plot_file(args.plot)
     params = parse_params(args.param)
     if simulate:
         problem_values, options = _split(system, params, {"minibatch": system.minibatch_options})

@@ -770,16 +770,18 @@ GRADIENT_LAW = ScalingLaw(
     law=GRADIENT_LAW,
 )
 def minibatch_gradient_deviation(seed, batch_size, d, N):
+    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    d, N = check.integer(d, "d", minimum=1), check.integer(N, "N", minimum=1)
+    # memory before any allocation: the batch is sampled at once, and the instance holds d × d matrices
+    if batch_size * (N + 1) * d > 10**8:
+        raise ValueError(f"batch_size {batch_size} at N = {N}, d = {d} would sample "
+                         f"{8 * batch_size * (N + 1) * d / 1e9:.1f} GB at once (at most 0.8 GB)")
+    if d > 2000:
+        raise ValueError(f"d must be <= 2000 here (its d × d matrices), got {d}")
     problem_seed, parameter_seed = seeding.spawn(seeding.instance(seed), 2)
-    problem = GDBetaProblem.random(int(d), int(N), seed=problem_seed, sigma2=0.5)
+    problem = GDBetaProblem.random(d, N, seed=problem_seed, sigma2=0.5)
     rng = np.random.default_rng(parameter_seed)
     beta0, Gamma = rng.normal(size=problem.d), rng.normal(size=(problem.d, problem.d)) / problem.d
-    batch_size = int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if batch_size * (problem.N + 1) * problem.d > 10**8:  # the batch is sampled at once: bound its memory
-        raise ValueError(f"batch_size {batch_size} at N = {problem.N}, d = {problem.d} would sample "
-                         f"{8 * batch_size * (problem.N + 1) * problem.d / 1e9:.1f} GB at once (at most 0.8 GB)")
     prompts = dyn.sample_prompts(problem, batch_size, np.random.default_rng(seed))
     loss, g_beta, g_Gamma = dyn.minibatch_gradient(problem, prompts, beta0, Gamma)
     p_beta, p_Gamma = cf.risk_gradient(problem, beta0, Gamma)

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from attnflow import seeding
+from attnflow.closed_forms import checks as check
 
 from . import claims as claims_module
 from . import systems
@@ -106,6 +107,8 @@ def parse_grid(specs: list[str]) -> dict:
                           else number)
         if name in grid:
             raise ValueError(f"--grid names {name} twice")
+        if len(set(parsed)) != len(parsed):
+            raise ValueError(f"--grid gives a value of {name} twice: {values.strip()!r}")
         grid[name] = parsed
     return grid
 
@@ -335,7 +338,8 @@ class SweepResult:
         return xs, ys
 
 
-def _target_law(target: str) -> ScalingLaw | None:
+def target_law(target: str) -> ScalingLaw | None:
+    """The scaling law an observable states (None for a claim or an observable without one)."""
     obs = systems.find_observable(target)
     return obs.law if obs is not None else None
 
@@ -343,16 +347,24 @@ def _target_law(target: str) -> ScalingLaw | None:
 def _validate_target(target: str, grid: dict) -> None:
     obs = systems.find_observable(target)
     if obs is not None:
-        unknown = set(grid) - set(obs.defaults)
+        defaults = obs.defaults
+        unknown = set(grid) - set(defaults)
         if unknown:
-            raise ValueError(f"{target} has no parameter(s) {sorted(unknown)}; it takes {sorted(obs.defaults)}")
-        return
-    claim = systems.select([target])[0]  # raises ValueError for an unknown name
-    if claim.name != target.replace("-", "_"):
-        raise ValueError(f"sweep a single claim or observable, not the system {target!r}")
-    unknown = set(grid) - set(claim.quick)
-    if unknown:
-        raise ValueError(f"{target} has no setting(s) {sorted(unknown)}; it takes {sorted(claim.quick)}")
+            raise ValueError(f"{target} has no parameter(s) {sorted(unknown)}; it takes {sorted(defaults)}")
+    else:
+        claim = systems.select([target])[0]  # raises ValueError for an unknown name
+        if claim.name != target.replace("-", "_"):
+            raise ValueError(f"sweep a single claim or observable, not the system {target!r}")
+        defaults = claim.quick
+        unknown = set(grid) - set(defaults)
+        if unknown:
+            raise ValueError(f"{target} has no setting(s) {sorted(unknown)}; it takes {sorted(defaults)}")
+    for name, values in grid.items():  # a parameter whose default is a whole number takes whole numbers only
+        default = defaults[name]
+        if isinstance(default, int) and not isinstance(default, bool):
+            bad = [v for v in values if not float(v).is_integer()]
+            if bad:
+                raise ValueError(f"{name} must be an integer, got {bad[0]!r}")
 
 
 def run_sweep(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: int = 8, store=None,
@@ -419,7 +431,7 @@ def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, se
         bar.close()
     records = [store.load(t.key) for t in tasks]
     extra = dict(quarantined=list(store.quarantined)) if store.quarantined else {}
-    law = _target_law(target)
+    law = target_law(target)
     return SweepResult(target=target, grid=grid, seeds=int(seeds), records=records, computed=len(pending),
                        reused=len(tasks) - len(pending), seconds=time.perf_counter() - started,
                        master_seed=master_seed, law=law, extra=extra)
@@ -434,7 +446,11 @@ def _execute(pending: list[Task], *, n_jobs: int, scheduler: str | None):
             from dask.distributed import Client, as_completed
         except ImportError:
             raise ValueError("--scheduler needs the dask extra: pip install 'attnflow[dask]'") from None
-        with Client(scheduler) as client:
+        try:
+            client = Client(scheduler)
+        except (OSError, TimeoutError) as error:
+            raise ValueError(f"--scheduler: cannot connect to {scheduler!r} ({error})") from None
+        with client:
             futures = client.map(execute_task, pending, pure=False)
             for future in as_completed(futures):
                 yield future.result()
@@ -521,5 +537,9 @@ def scaling_fit(result: SweepResult, *, n_boot: int = 2000, level: float = 0.95)
     defaults=dict(seconds=0.0, size=1),
 )
 def _sleep(seed, seconds, size):
-    time.sleep(float(seconds))
+    seconds = check.real(seconds, "seconds", minimum=0.0, maximum=3600.0)
+    size = check.integer(size, "size", minimum=1)
+    if size > 10**7:
+        raise ValueError(f"size must be <= 10**7 (a diagnostic draw, not an experiment), got {size}")
+    time.sleep(seconds)
     return dict(value=float(np.random.default_rng(seed).random(int(size)).mean()), seconds=float(seconds))
