@@ -109,6 +109,8 @@ def test_solve_gd_beta_json_and_plot(tmp_path):
         (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=1e9", "--seeds", "2", "--store",
           "/tmp/attnflow-never-written"], "would sample 264.0 GB at once"),
         (["solve", "gd-beta", "--plot", "figure.txt"], "--plot: 'figure.txt' must end in one of"),
+        (["sweep", "gd_beta.minibatch_gradient_deviation", "--grid", "batch_size=16,64,256", "--seeds", "2",
+          "--store", "/tmp/attnflow-never-written", "--plot", "/proc/attnflow.png"], "--plot: cannot write"),
         (["sweep", "sweep.sleep", "--grid", "seconds=0", "--store", ""], "--store needs a folder name"),
         (["sweep", "sweep.sleep", "--grid", "seconds=1e300", "--store", "/tmp/attnflow-never-written"],
          "seconds must be <= 3600"),

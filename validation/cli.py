@@ -132,6 +132,12 @@ def _check_output_file(path: str | None, option: str) -> None:
         raise ValueError(f"{option}: the folder {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise ValueError(f"{option}: cannot write {path!r}")
+    if not target.exists():  # a probe: permission bits do not tell (root in /proc), creating the file does
+        try:
+            target.open("xb").close()
+        except OSError as error:
+            raise ValueError(f"{option}: cannot write {path!r} ({error.strerror or error})") from None
+        target.unlink()
 
 
 def _check_plot_file(path: str | None) -> None:
