@@ -7,8 +7,11 @@ draw is still the exact inverse CDF of the uniform (the same category a full bin
 law is the data model's own up to float64 rounding of the cumulative sums; the tests check frequencies by a χ²
 test and the gradients against the closed forms. Guide tables are built with numpy (no kernel to compile), which
 is why they serve the many laws drawn from a few times per sample (a column of P, a column of Q*). The one law drawn
-from T times per sample (μ, the context tokens) gets an alias table (Walker 1977): one uniform, one compare as a
-select, no search at all.
+from T times per sample (μ, the context tokens) gets an alias table (Walker 1977): one uniform, one compare, no
+search at all. The compare's outcome indexes a pair (alias, column) instead of choosing between them: LLVM compiles
+``i if keep else alias[i]`` (and its arithmetic or bit-mask rewrites) to a branch, which a law that is not uniform
+mispredicts about as often as it keeps; measured on one core at N = 5 with a Dirichlet(1) law, 9.1 ns per draw
+against 1.6 ns for the indexed pair, with the same draws.
 
 The generator's 256-bit state is a ``uint64[4]`` array made by :func:`attnflow.seeding.generator_state` from the
 run's SeedSequence and advanced in place, so a kernel's draws are a function of its seed only.
@@ -78,20 +81,21 @@ def guide_tables(laws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True)
-def alias_pick(u, prob, alias):
+def alias_pick(u, prob, choices):
     """The category of the uniform ``u`` under the law encoded by :func:`alias_table`: column i = ⌊u·n⌋, kept when
     the fractional part of u·n is below ``prob[i]``, else its alias. One uniform serves both choices (its fractional
-    part keeps ≥ 40 random bits for up to 2¹³ categories), and the choice is a select, not a branch."""
+    part keeps ≥ 40 random bits for up to 2¹³ categories); the comparison indexes ``choices[i]`` = (alias, i), so
+    there is no branch to mispredict (module docstring)."""
     u = u * prob.shape[0]
     i = int(u)
-    other = alias[i]
-    return i if u - i < prob[i] else other
+    return choices[i, np.int64(u - i < prob[i])]
 
 
 def alias_table(p) -> tuple[np.ndarray, np.ndarray]:
     """Vose's alias table (Walker 1977; Vose 1991) of the probability vector ``p``: ``prob[i]`` is the chance of
-    keeping column i, ``alias[i]`` the category taken otherwise. Exact up to float64 rounding; a category of
-    probability zero is never drawn. Built in Python, O(n): meant for one law drawn from very often (μ)."""
+    keeping column i, ``choices[i] = (alias[i], i)`` (n × 2) the category taken otherwise and column i itself, the
+    layout :func:`alias_pick` indexes. Exact up to float64 rounding; a category of probability zero is never drawn.
+    Built in Python, O(n): meant for one law drawn from very often (μ)."""
     p = np.asarray(p, dtype=float)
     n = p.size
     scaled = (p * (n / p.sum())).tolist()
@@ -106,4 +110,4 @@ def alias_table(p) -> tuple[np.ndarray, np.ndarray]:
     for i in small:  # left only by rounding: their mass is 1 up to an ulp, unless it is a zero-probability column
         if p[i] == 0.0:
             raise ValueError("alias_table: rounding left a zero-probability category unpaired")
-    return np.array(prob), np.array(alias, dtype=np.int64)
+    return np.array(prob), np.stack([np.array(alias, dtype=np.int64), np.arange(n, dtype=np.int64)], axis=1)

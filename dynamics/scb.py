@@ -37,10 +37,10 @@ def _sampling_tables(problem: SCBProblem):
     """Tables (:mod:`.sampling`) of the three laws the data model draws from: an alias table of μ (N; T + 1 draws per
     sample), and cumulative sums with guide tables of the columns of Q* as laws over the T positions (N × T, row k
     for query k) and of the columns of P as laws over the next token (N × N, row a for attended token a)."""
-    mu_prob, mu_alias = sampling.alias_table(problem.mu)
+    mu_prob, mu_choices = sampling.alias_table(problem.mu)
     Qs_cdf, Qs_guide = sampling.guide_tables(problem.Q_star.T)
     P_cdf, P_guide = sampling.guide_tables(problem.P.T)
-    return mu_prob, mu_alias, Qs_cdf, Qs_guide, P_cdf, P_guide
+    return mu_prob, mu_choices, Qs_cdf, Qs_guide, P_cdf, P_guide
 
 
 CHUNK = 256  # samples per GEMM: large enough to run BLAS near its peak, small enough to stay in cache
@@ -58,7 +58,7 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     (docs/scb.md §5.1). The draws (x₁…x_T, k, s, o per sample, in that order) do not depend on ``chunk``; the
     sums do only through the order of floating-point additions.
     """
-    mu_prob, mu_alias, Qs_cdf, Qs_guide, P_cdf, P_guide = tables
+    mu_prob, mu_choices, Qs_cdf, Qs_guide, P_cdf, P_guide = tables
     N, T = V.shape[0], Q.shape[0]
     C = min(chunk, batch)
     uniforms = np.empty(C * (T + 3))  # per sample, in order: x₁…x_T, k, s, o
@@ -90,8 +90,8 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
             x = X[b]
             u = uniforms[b * (T + 3):(b + 1) * (T + 3)]
             for t in range(T):
-                x[t] = sampling.alias_pick(u[t], mu_prob, mu_alias)
-            k = sampling.alias_pick(u[T], mu_prob, mu_alias)
+                x[t] = sampling.alias_pick(u[t], mu_prob, mu_choices)
+            k = sampling.alias_pick(u[T], mu_prob, mu_choices)
             s = sampling.guided_pick(u[T + 1], Qs_cdf[k], Qs_guide[k])
             o = sampling.guided_pick(u[T + 2], P_cdf[x[s]], P_guide[x[s]])
             ks[b] = k
@@ -116,19 +116,23 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
         np.dot(R[:c], V, W[:c])  # w_bᵀ = r_bᵀ V as rows
         for b in range(c):
             x, w, k = X[b], W[b], ks[b]
+            g, raw = G_Qt[k], raw_Qt[k]
             w_mean = 0.0
-            for t in range(T):
-                w_mean += w[x[t]]
+            for t in range(T):  # the raw gradient needs no mean: it rides on the pass that forms it
+                value = w[x[t]]
+                w_mean += value
+                raw[t] -= value
             w_mean /= T
             inv_mu = 1.0 / mu[k]
-            g, raw = G_Qt[k], raw_Qt[k]
             for t in range(T):
-                value = w[x[t]]
-                g[t] -= (value - w_mean) * inv_mu
-                raw[t] -= value
+                g[t] -= (w[x[t]] - w_mean) * inv_mu
             y = Y[b]
-            for t in range(T):  # back to zero for the next chunk
-                y[x[t]] = 0.0
+            if N < T:  # back to zero for the next chunk: the whole row, or only the entries written
+                for i in range(N):
+                    y[i] = 0.0
+            else:
+                for t in range(T):
+                    y[x[t]] = 0.0
         done += c
     G_V = np.empty((N, N))
     raw_V = np.empty((N, N))

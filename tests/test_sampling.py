@@ -51,8 +51,10 @@ def test_uniforms_are_reproducible_uniform_and_independent_of_how_they_are_split
 
 
 def test_alias_table_draws_the_law_and_never_a_zero_probability_category():
-    prob, alias = sampling.alias_table(LAW)
-    draws = _alias_sample(generator_state(1), prob, alias, 400_000)
+    prob, choices = sampling.alias_table(LAW)
+    assert choices.shape == (LAW.size, 2) and np.array_equal(choices[:, 1], np.arange(LAW.size))
+    alias = choices[:, 0]
+    draws = _alias_sample(generator_state(1), prob, choices, 400_000)
     counts = np.bincount(draws, minlength=LAW.size)
     assert counts[LAW == 0].sum() == 0
     support = LAW > 0
@@ -61,6 +63,26 @@ def test_alias_table_draws_the_law_and_never_a_zero_probability_category():
     exact = prob.copy()
     np.add.at(exact, alias, 1.0 - prob)
     np.testing.assert_allclose(exact / LAW.size, LAW, atol=1e-15)
+
+
+@njit(cache=True)
+def _alias_picks(u, prob, choices):
+    out = np.empty(u.shape[0], np.int64)
+    for i in range(u.shape[0]):
+        out[i] = sampling.alias_pick(u[i], prob, choices)
+    return out
+
+
+def test_alias_pick_is_walkers_rule_exactly():
+    """The indexed pair gives exactly the textbook choice: column ⌊un⌋ when the fractional part of un is below its
+    probability, else its alias (numpy, at boundaries and on random uniforms)."""
+    prob, choices = sampling.alias_table(LAW)
+    u = np.random.default_rng(3).random(100_000)
+    u[:3] = (0.0, 1 - 2**-53, 0.5)
+    scaled = u * LAW.size
+    column = scaled.astype(np.int64)
+    expected = np.where(scaled - column < prob[column], column, choices[column, 0])
+    assert np.array_equal(_alias_picks(u, prob, choices), expected)
 
 
 def test_guide_table_pick_is_the_inverse_cdf_exactly():
