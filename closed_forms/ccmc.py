@@ -26,6 +26,7 @@ from numba import njit
 from scipy import optimize
 
 from . import checks as check
+from .lapack import DGESV, solve_into
 from .parameters import Parameter, parse_parameters
 
 __all__ = ["CCMCProblem", "QUERY_VARIANTS", "GOLDEN_P", "CYCLE_P", "STOCHASTIC_TOLERANCE", "MAX_ENUMERATED_PROMPTS",
@@ -456,9 +457,10 @@ def diagonal_loser_exponents(P, winner: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _stationary_law_of_q(f, P):
+def _stationary_law_of_q(f, P, dgesv):
+    """π(f) by LAPACK's dgesv at the address ``dgesv`` (:mod:`.lapack`)."""
     K = f.size
-    Z = P @ f
+    Z = np.dot(P, f)
     # π solves πᵀ(Q − I) = 0 on the support of f, Σπ = 1; rows a outside the support are transient (π_a = 0).
     A = np.zeros((K, K))
     b = np.zeros(K)
@@ -477,13 +479,15 @@ def _stationary_law_of_q(f, P):
     for a in range(K):
         A[first, a] = 1.0 if f[a] > 0 else 0.0
     b[first] = 1.0
-    return np.linalg.solve(A, b)
+    pi = np.empty(K)
+    solve_into(dgesv, A, b, np.empty(K * K), np.empty(K, np.int32), pi)
+    return pi
 
 
 @njit(cache=True)
-def _invasion_rates(f, P):
-    pi = _stationary_law_of_q(f, P)
-    Z = P @ f
+def _invasion_rates(f, P, dgesv):
+    pi = _stationary_law_of_q(f, P, dgesv)
+    Z = np.dot(P, f)
     K = f.size
     lam = np.zeros(K)
     for a in range(K):
@@ -503,14 +507,14 @@ def _check_shares(f, K):
 def stationary_law_of_q(f, P) -> np.ndarray:
     """π(f): the stationary law of the fast last-token chain Q_f(a, k) = f_k P_{a,k} / Z_a(f) (§6.5, eq. 6.5)."""
     P = check_chain(P)
-    return _stationary_law_of_q(_check_shares(f, P.shape[0]), P)
+    return _stationary_law_of_q(_check_shares(f, P.shape[0]), P, DGESV)
 
 
 def invasion_rates(f, P) -> np.ndarray:
     """λ_k(f) = Σ_a π_a(f) P_{a,k} / Z_a(f) (§6.5, eq. 6.6): π_k = f_k λ_k, and a token absent from the context
     grows like t^{λ_k} near f."""
     P = check_chain(P)
-    return _invasion_rates(_check_shares(f, P.shape[0]), P)
+    return _invasion_rates(_check_shares(f, P.shape[0]), P, DGESV)
 
 
 def pack_fluid_params(P) -> np.ndarray:
@@ -594,7 +598,7 @@ def equilibrium_on_support(P, support) -> np.ndarray:
         return f / f.sum()
 
     def residual(x):
-        return _invasion_rates(shares(x), P)[S] - 1.0
+        return _invasion_rates(shares(x), P, DGESV)[S] - 1.0
 
     solution = optimize.root(residual, np.zeros(S.size), method="hybr", options=dict(xtol=1e-13))
     f = shares(solution.x)

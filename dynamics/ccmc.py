@@ -17,11 +17,11 @@ from attnflow import seeding
 from attnflow.closed_forms import ccmc as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.ccmc import CCMCProblem
+from attnflow.closed_forms.lapack import DGESV, solve_into
 from attnflow.closed_forms.softmax import softmax_into
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .lapack import DGESV, solve_into
 from .montecarlo import Trajectory, check_run_length
 
 __all__ = ["random_embeddings", "tied_head", "attention_logits", "attention_output", "positional_attention_output",
@@ -233,7 +233,7 @@ def _largest_magnitude(x):
 def _newton_mle(counts, last, y, weights, K, max_iterations, tolerance, dgesv):
     """Row-wise damped Newton on ℓ̂_n + ½(Σ_k Θ_{a,k})² per row: the penalty fixes the row-shift gauge and is 0 at
     the centred minimiser (the gradient of ℓ̂_n sums to 0 along each row). Each Newton step is LAPACK's dgesv at the
-    address ``dgesv`` (:mod:`.lapack`: np.linalg.solve's own call, compiled in a fraction of its time). Returns
+    address ``dgesv`` (:mod:`attnflow.closed_forms.lapack`: np.linalg.solve's own call, compiled in a fraction of its time). Returns
     (Θ̂, iterations, converged)."""
     Theta = np.zeros((K, K))
     n = y.size

@@ -1,10 +1,10 @@
-"""dynamics/lapack.py: LAPACK's dgesv called directly gives np.linalg.solve's solution bit for bit (numba's
+"""closed_forms/lapack.py: LAPACK's dgesv called directly gives np.linalg.solve's solution bit for bit (numba's
 np.linalg.solve makes the same call), and fails as it does."""
 import numpy as np
 import pytest
 from numba import njit
 
-from attnflow.dynamics.lapack import DGESV, solve_into
+from attnflow.closed_forms.lapack import DGESV, solve_into
 
 
 @njit(cache=True)
