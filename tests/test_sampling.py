@@ -65,24 +65,21 @@ def test_alias_table_draws_the_law_and_never_a_zero_probability_category():
     np.testing.assert_allclose(exact / LAW.size, LAW, atol=1e-15)
 
 
-@njit(cache=True)
-def _alias_picks(u, prob, choices):
-    out = np.empty(u.shape[0], np.int64)
-    for i in range(u.shape[0]):
-        out[i] = sampling.alias_pick(u[i], prob, choices)
-    return out
-
-
 def test_alias_pick_is_walkers_rule_exactly():
     """The indexed pair gives exactly the textbook choice: column ⌊un⌋ when the fractional part of un is below its
-    probability, else its alias (numpy, at boundaries and on random uniforms)."""
+    probability, else its alias (computed in numpy from the same uniforms, and at the edges of [0, 1))."""
     prob, choices = sampling.alias_table(LAW)
-    u = np.random.default_rng(3).random(100_000)
-    u[:3] = (0.0, 1 - 2**-53, 0.5)
-    scaled = u * LAW.size
-    column = scaled.astype(np.int64)
-    expected = np.where(scaled - column < prob[column], column, choices[column, 0])
-    assert np.array_equal(_alias_picks(u, prob, choices), expected)
+
+    def walker(u):
+        scaled = u * LAW.size
+        column = scaled.astype(np.int64)
+        return np.where(scaled - column < prob[column], column, choices[column, 0])
+
+    u = np.empty(100_000)
+    sampling.fill_uniforms(generator_state(3), u)
+    assert np.array_equal(_alias_sample(generator_state(3), prob, choices, u.size), walker(u))
+    for edge in (0.0, 0.5, 1 - 2**-53):
+        assert sampling.alias_pick(edge, prob, choices) == walker(np.array([edge]))[0]
 
 
 def test_guide_table_pick_is_the_inverse_cdf_exactly():
