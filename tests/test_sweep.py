@@ -369,3 +369,16 @@ def test_records_of_edited_code_are_not_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "target_fingerprint", lambda target: "0" * 16)  # as after an edited kernel
     edited = sweep.run_sweep(TARGET, {"batch_size": [8]}, seeds=2, store=tmp_path, n_jobs=1, master_seed=0)
     assert (first.computed, edited.computed, edited.reused) == (2, 2, 0)
+
+
+def test_the_resource_trackers_warnings_are_filtered_in_the_processes_the_pool_starts():
+    """loky's resource tracker is started with this process's -W options; after the pool's setup they drop its
+    'resource_tracker: …' warnings (which could follow a failing task's one-line error) and nothing else."""
+    from multiprocessing import util
+
+    sweep._quiet_resource_tracker()
+    flags = util._args_from_interpreter_flags()
+    code = ("import warnings; warnings.warn('resource_tracker: /loky-1-abc: FileNotFoundError(2)'); "
+            "warnings.warn('resource_tracker: There appear to be 1 leaked semlock objects'); warnings.warn('other')")
+    result = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "resource_tracker" not in result.stderr and "UserWarning: other" in result.stderr

@@ -24,6 +24,7 @@ import math
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -488,6 +489,7 @@ def _execute_in_workers(pending: list[Task], n_jobs: int):
     from joblib.externals.loky import get_reusable_executor
 
     workers = cpu_count() if n_jobs < 0 else n_jobs
+    _quiet_resource_tracker()
     executor = get_reusable_executor(max_workers=max(1, min(workers, len(pending))), kill_workers=True,
                                      initializer=_exit_with_parent, initargs=(os.getpid(),), reuse=False)
     futures = [executor.submit(execute_task, task) for task in pending]
@@ -498,6 +500,18 @@ def _execute_in_workers(pending: list[Task], n_jobs: int):
         _forget_queued_task_ids(executor)
         executor.shutdown(wait=False, kill_workers=True)  # cancels what has not started, kills what has
         raise
+
+
+# loky's resource tracker, a process of its own, warns when a semaphore of a worker killed by the shutdown above is
+# already gone ("resource_tracker: /loky-…: FileNotFoundError") or was left behind; under load that line could follow
+# the one-line error of a failing task. The tracker takes its warning filters from this process's -W options
+# (multiprocessing.util._args_from_interpreter_flags), so the filter is added to them before the pool starts.
+_RESOURCE_TRACKER_NOISE = "ignore:resource_tracker:UserWarning"
+
+
+def _quiet_resource_tracker() -> None:
+    if _RESOURCE_TRACKER_NOISE not in sys.warnoptions:
+        sys.warnoptions.append(_RESOURCE_TRACKER_NOISE)
 
 
 def _forget_queued_task_ids(executor) -> None:
