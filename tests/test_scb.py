@@ -265,6 +265,50 @@ def test_critical_batch_counts_a_diverged_run_as_a_failure_of_every_criterion():
         first_successes(success, np.random.SeedSequence(0).spawn(1), start=256, max_batch=10 ** 4)
 
 
+def _synthetic_transfer_verdicts(exponent, reps, max_batch=2 ** 20):
+    """The transfer check's verdict on a success law with a known growth: p(B, T) = Φ((log B − log B₅₀(T))/w_T),
+    B₅₀(T) = 4807·(T/16)^exponent and widths narrowing with T as measured on the example instance (docs/scb.md
+    §10.4), walked by the claim's own search."""
+    from scipy.stats import norm
+
+    from attnflow.validation import batch_search
+    from attnflow.validation.scb import transfer_growth_verdict
+
+    Ts, widths = (16, 64, 256, 1024), (0.49, 0.41, 0.33, 0.25)
+
+    def make_success(T):
+        log_b50, width = math.log(4807 * (T / 16) ** exponent), widths[Ts.index(T)]
+        return lambda batch, seed: (np.random.default_rng(seed).uniform() < norm.cdf((math.log(batch) - log_b50) / width),)
+
+    verdicts = []
+    for rep in (range(reps) if isinstance(reps, int) else reps):
+        seed = np.random.SeedSequence([rep, 777])
+        first, _ = batch_search.critical_batch_curve(make_success, Ts, seed, 12, 64, max_batch, 0.9)
+        verdicts.append(transfer_growth_verdict(Ts, first[0], max_batch, seed=seed.spawn(1)[0]) | {"first": first[0]})
+    return verdicts
+
+
+def test_transfer_check_passes_log_like_growth_and_fails_a_poly_T_factor():
+    """The typical instance's growth (T^0.27 at the median) passes; ∝ T (vanilla Stage 2's law) and T^0.75 fail.
+    Over 300 repetitions each: 0, 300 and 295 FAILs (docs/scb.md §10.4); a few of them here."""
+    assert all(v["passed"] for v in _synthetic_transfer_verdicts(0.27, 10))
+    assert not any(v["passed"] for v in _synthetic_transfer_verdicts(1.0, 5))
+    assert sum(v["passed"] for v in _synthetic_transfer_verdicts(0.75, 10)) <= 1
+
+
+def test_transfer_check_at_its_boundary_fails_at_most_at_the_stated_rate():
+    """At B ∝ √T exactly, the one-sided test (stated 2.5%) does not FAIL: 0 of 300 in docs/scb.md §10.4."""
+    assert all(v["passed"] for v in _synthetic_transfer_verdicts(0.5, 10))
+
+
+def test_transfer_check_fails_only_when_the_median_is_censored():
+    """A cap that censors one walk of 12 at T = 1024 leaves the median measured (PASS); one that censors 7 of 12
+    leaves the exponent unmeasured (FAIL)."""
+    minority, majority = _synthetic_transfer_verdicts(0.27, (1, 2), max_batch=16384)
+    assert np.sum(minority["first"] > 16384) == 1 and not minority["median_censored"] and minority["passed"]
+    assert np.sum(majority["first"] > 16384) == 7 and majority["median_censored"] and not majority["passed"]
+
+
 def test_stage_2_that_loses_the_signal_is_a_stage_failure_not_a_crash():
     start = cf.line_point(EXAMPLE, 0.0, -0.5)  # α_Q < 0: normalisation at ½α_Q·min q* is impossible
     with pytest.raises(dyn.StageFailure, match="lost the attention signal"):
