@@ -925,12 +925,16 @@ def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
 
     def figure():
         fig, ax = plots.figure()
-        line, = ax.plot(Ts, verdict["median"], "o-", label=f"median first success: exponent {fit.estimate:.2f}")
-        cut = verdict["median"] > max_batch
-        if cut.any():  # a censored median is a lower bound, not a measurement
-            ax.plot(np.asarray(Ts)[cut], verdict["median"][cut], "o", mfc="white", color=line.get_color(),
-                    label=f"censored at max_batch = {max_batch}")
-        ax.plot(Ts, critical, "s--", color="C0", alpha=0.6, label="90% of seeds (reported)")
+        # the 90% points under the medians; a censored point is a lower bound, drawn open, not a measurement
+        for values, marker, style, label in ((critical, "s", dict(ls="--", alpha=0.6), "90% of seeds (reported)"),
+                                             (verdict["median"], "o", dict(ls="-"),
+                                              f"median first success: exponent {fit.estimate:.2f}")):
+            cut = values > max_batch
+            line, = ax.plot(Ts, values, marker=marker, color="C0", markevery=[int(i) for i in np.flatnonzero(~cut)],
+                            label=label, **style)
+            if cut.any():
+                ax.plot(np.asarray(Ts)[cut], values[cut], marker, mfc="white", color="C0",
+                        label=f"censored at max_batch = {max_batch}" if marker == "o" else None)
         T = np.array(Ts, float)
         base = verdict["median"][0]
         plots.theory_line(ax, T, base * np.log(T) / np.log(T[0]), label=r"$\propto \log T$", ls=":")
