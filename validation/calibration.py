@@ -298,7 +298,7 @@ def render_table(rows: list[dict]) -> str:
         "larger (a few hundred seeds cannot resolve rates far below 1%). A claim that states no rate (`—`: a",
         "threshold on a random instance that the paper says holds on every instance) is calibrated only when none of",
         "its seeds fails. A claim that measures the same at its first two seeds is deterministic and not listed.",
-        "The `seeds` column gives each row's count (a table may hold rows of at least",
+        "The `seeds` column gives each row's count, and its range when it did not start at seed 0 (a table may hold rows of at least",
         f"{MIN_TABLE_SEEDS}); no failure in n seeds bounds the rate by 1 − 0.025^{{1/n}} at 95%: 1.8% at 200",
         "seeds, 7.1% at 50 and 16.8% at 20.",
         "",
@@ -326,7 +326,9 @@ def render_table(rows: list[dict]) -> str:
         errors = f" ({row['errors']} ERROR)" if row["errors"] else ""
         nominal = "—" if row["nominal"] is None else f"{row['nominal']:.2g}"
         verdict = "calibrated" if row["calibrated"] else "**MISCALIBRATED**"
-        lines.append(f"| `{row['claim']}` | {row['seeds']} | {row['alarms']}{errors} | {_percent(row['rate'])} | "
+        first = row.get("seed", 0)
+        seeds = f"{row['seeds']} (seeds {first}–{first + row['seeds'] - 1})" if first else f"{row['seeds']}"
+        lines.append(f"| `{row['claim']}` | {seeds} | {row['alarms']}{errors} | {_percent(row['rate'])} | "
                      f"[{_percent(low)}, {_percent(high)}] | {nominal} | {verdict} | {row['seconds_per_seed']:.3g} | "
                      f"{_code(row)} | {_seed_list(row['failing_seeds'])} |")
     return "\n".join(lines) + "\n"
