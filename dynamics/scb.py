@@ -68,6 +68,7 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     Y = np.zeros((C, N))
     R = np.empty((C, N))
     W = np.empty((C, N))
+    gathered = np.empty(T)  # w_b[x_t] over t, for the centred Q-gradient
     product = np.empty((N, N))
     RtY = np.zeros((N, N))  # Σ_b r_b y_bᵀ
     dense_r = np.zeros(N)  # Σ_b (1ᵀy_b) r_b: the rank-one part of the preconditioned V-gradient
@@ -120,12 +121,13 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
             w_mean = 0.0
             for t in range(T):  # the raw gradient needs no mean: it rides on the pass that forms it
                 value = w[x[t]]
+                gathered[t] = value  # kept for the second pass: a contiguous read instead of a second gather
                 w_mean += value
                 raw[t] -= value
             w_mean /= T
             inv_mu = 1.0 / mu[k]
             for t in range(T):
-                g[t] -= (w[x[t]] - w_mean) * inv_mu
+                g[t] -= (gathered[t] - w_mean) * inv_mu
             y = Y[b]
             if N < T:  # back to zero for the next chunk: the whole row, or only the entries written
                 for i in range(N):
