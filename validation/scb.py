@@ -930,8 +930,8 @@ def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
                                              (verdict["median"], "o", dict(ls="-"),
                                               f"median first success: exponent {fit.estimate:.2f}")):
             cut = values > max_batch
-            line, = ax.plot(Ts, values, marker=marker, color="C0", markevery=[int(i) for i in np.flatnonzero(~cut)],
-                            label=label, **style)
+            ax.plot(Ts, values, marker=marker, color="C0", markevery=[int(i) for i in np.flatnonzero(~cut)], label=label,
+                    **style)
             if cut.any():
                 ax.plot(np.asarray(Ts)[cut], values[cut], marker, mfc="white", color="C0",
                         label=f"censored at max_batch = {max_batch}" if marker == "o" else None)
