@@ -281,7 +281,7 @@ def _synthetic_transfer_verdicts(exponent, reps, max_batch=2 ** 20):
         return lambda batch, seed: (np.random.default_rng(seed).uniform() < norm.cdf((math.log(batch) - log_b50) / width),)
 
     verdicts = []
-    for rep in (range(reps) if isinstance(reps, int) else reps):
+    for rep in reps:
         seed = np.random.SeedSequence([rep, 777])
         first, _ = batch_search.critical_batch_curve(make_success, Ts, seed, 12, 64, max_batch, 0.9)
         verdicts.append(transfer_growth_verdict(Ts, first[0], max_batch, seed=seed.spawn(1)[0]) | {"first": first[0]})
@@ -291,14 +291,14 @@ def _synthetic_transfer_verdicts(exponent, reps, max_batch=2 ** 20):
 def test_transfer_check_passes_log_like_growth_and_fails_a_poly_T_factor():
     """The typical instance's growth (T^0.27 at the median) passes; ∝ T (vanilla Stage 2's law) and T^0.75 fail.
     Over 300 repetitions each: 0, 300 and 295 FAILs (docs/scb.md §10.4); a few of them here."""
-    assert all(v["passed"] for v in _synthetic_transfer_verdicts(0.27, 10))
-    assert not any(v["passed"] for v in _synthetic_transfer_verdicts(1.0, 5))
-    assert sum(v["passed"] for v in _synthetic_transfer_verdicts(0.75, 10)) <= 1
+    assert all(v["passed"] for v in _synthetic_transfer_verdicts(0.27, range(10)))
+    assert not any(v["passed"] for v in _synthetic_transfer_verdicts(1.0, range(5)))
+    assert sum(v["passed"] for v in _synthetic_transfer_verdicts(0.75, range(10))) <= 1
 
 
 def test_transfer_check_at_its_boundary_fails_at_most_at_the_stated_rate():
     """At B ∝ √T exactly, the one-sided test (stated 2.5%) does not FAIL: 0 of 300 in docs/scb.md §10.4."""
-    assert all(v["passed"] for v in _synthetic_transfer_verdicts(0.5, 10))
+    assert all(v["passed"] for v in _synthetic_transfer_verdicts(0.5, range(10)))
 
 
 def test_transfer_check_fails_only_when_the_median_is_censored():
