@@ -309,6 +309,14 @@ def test_transfer_check_fails_only_when_the_median_is_censored():
     assert np.sum(majority["first"] > 16384) == 7 and majority["median_censored"] and not majority["passed"]
 
 
+@pytest.mark.parametrize("max_batch", [0, -1, 2.5, True])
+def test_transfer_verdict_refuses_a_bad_budget(max_batch):
+    from attnflow.validation.scb import transfer_growth_verdict
+
+    with pytest.raises(ValueError, match="max_batch must be an integer >= 1"):
+        transfer_growth_verdict((16, 64, 256), np.full((3, 12), 100.0), max_batch, seed=0)
+
+
 def test_stage_2_that_loses_the_signal_is_a_stage_failure_not_a_crash():
     start = cf.line_point(EXAMPLE, 0.0, -0.5)  # α_Q < 0: normalisation at ½α_Q·min q* is impossible
     with pytest.raises(dyn.StageFailure, match="lost the attention signal"):

@@ -895,6 +895,8 @@ def transfer_growth_verdict(Ts, first, max_batch: int, *, seed) -> dict:
     docs/scb.md §10.4."""
     from .stats import fit_exponent
 
+    if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+        raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
     first = np.asarray(first, float)
     fit = fit_exponent(Ts, first, quantile=0.5, seed=seed)
     slack = math.log(batch_search.BATCH_GRID_RATIO) / math.log(max(Ts) / min(Ts))
