@@ -1108,9 +1108,29 @@ def conditional_gradient_moments_by_batch(problem: GDBetaProblem, X, y, beta, be
     n_batches = check.integer(n_batches, "n_batches", minimum=1)
     if X.shape[0] % n_batches:
         raise ValueError(f"n_batches must divide the number of contexts {X.shape[0]}, got {n_batches}")
-    m = X.shape[0] // n_batches
     c = np.ascontiguousarray
-    beta0, Gamma, H = c(beta0, dtype=float), c(Gamma, dtype=float), c(problem.H)
-    sums = [_conditional_moment_sums(c(X[b * m:(b + 1) * m]), c(y[b * m:(b + 1) * m]), c(beta[b * m:(b + 1) * m]),
-                                     beta0, Gamma, H, float(problem.sigma2)) for b in range(n_batches)]
-    return tuple(np.array(parts) for parts in zip(*sums))
+    return moment_sums_by_batch(c(X), c(y), c(beta), c(beta0, dtype=float), c(Gamma, dtype=float), c(problem.H),
+                                float(problem.sigma2), n_batches)
+
+
+@njit(cache=True)
+def moment_sums_by_batch(X, y, beta, beta0, Gamma, H, sigma2, n_batches):
+    """The kernel of :func:`conditional_gradient_moments_by_batch` (inputs already checked, contiguous, and
+    ``n_batches`` dividing the number of contexts): :func:`_conditional_moment_sums` of each consecutive batch,
+    stacked, in one call rather than one per batch (the noise covariance of an SGD path needs it at every step)."""
+    n, _, d = X.shape
+    p = d + d * d
+    m = n // n_batches
+    mean_sums = np.empty((n_batches, p))
+    mean_outers = np.empty((n_batches, p, p))
+    second_sums = np.empty((n_batches, p, p))
+    for b in range(n_batches):
+        lo, hi = b * m, (b + 1) * m
+        mean_sum, mean_outer, second_sum = _conditional_moment_sums(X[lo:hi], y[lo:hi], beta[lo:hi], beta0, Gamma, H,
+                                                                    sigma2)
+        for a in range(p):
+            mean_sums[b, a] = mean_sum[a]
+            for e in range(p):
+                mean_outers[b, a, e] = mean_outer[a, e]
+                second_sums[b, a, e] = second_sum[a, e]
+    return mean_sums, mean_outers, second_sums

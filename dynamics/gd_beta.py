@@ -482,6 +482,20 @@ class ContextPool:
     beta: np.ndarray
     n_batches: int
 
+    def __post_init__(self):
+        # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes.
+        X = check.finite_array(self.X, "X", ndim=3)
+        n = X.shape[0]
+        n_batches = check.integer(self.n_batches, "n_batches", minimum=1)
+        if n % n_batches or n // n_batches < 2:
+            raise ValueError(f"n_batches must divide the number of contexts {n} into batches of at least 2, "
+                             f"got {n_batches}")
+        object.__setattr__(self, "X", np.ascontiguousarray(X))
+        object.__setattr__(self, "y", np.ascontiguousarray(check.finite_array(self.y, "y", shape=X.shape[:2])))
+        object.__setattr__(self, "beta", np.ascontiguousarray(check.finite_array(self.beta, "beta",
+                                                                                 shape=(n, X.shape[2]))))
+        object.__setattr__(self, "n_batches", n_batches)
+
 
 def context_pool(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, n_batches: int = 16) -> ContextPool:
     n_contexts = pool_size(n_contexts, n_batches)
@@ -498,15 +512,33 @@ def gradient_noise_covariance(problem: GDBetaProblem, beta0, Gamma, pool: Contex
     Each batch of m contexts gives Σ̂ = (1/m)Σ_c E[ĝĝᵀ | c] − m̂m̂ᵀ + K̂/m, with m̂ the mean of the conditional
     means E[ĝ | c] and K̂ their sample covariance: E[m̂m̂ᵀ] = ∇R∇Rᵀ + Cov(E[ĝ | c])/m, so the last term removes the
     bias of m̂m̂ᵀ and Σ̂ stays positive semi-definite."""
-    m = pool.X.shape[0] // pool.n_batches
-    out = []
-    sums = cf.conditional_gradient_moments_by_batch(problem, pool.X, pool.y, pool.beta, beta0, Gamma,
-                                                    n_batches=pool.n_batches)
-    for mean_sum, mean_outer, second_sum in zip(*sums):
-        mean = mean_sum / m
-        spread = (mean_outer / m - np.outer(mean, mean)) * m / (m - 1)
-        out.append(second_sum / m - np.outer(mean, mean) + spread / m)
-    return np.array(out)
+    d = problem.d
+    if pool.X.shape[1:] != (problem.N, d):
+        raise ValueError(f"pool must hold contexts of shape ({problem.N}, {d}), got {pool.X.shape[1:]}")
+    beta0 = np.ascontiguousarray(check.finite_array(beta0, "beta0", shape=(d,)))
+    Gamma = np.ascontiguousarray(check.finite_array(Gamma, "Gamma", shape=(d, d)))
+    return _noise_covariance(pool.X, pool.y, pool.beta, beta0, Gamma, np.ascontiguousarray(problem.H),
+                             float(problem.sigma2), pool.n_batches)
+
+
+@njit(cache=True)
+def _noise_covariance(X, y, beta, beta0, Gamma, H, sigma2, n_batches):
+    """The estimates of :func:`gradient_noise_covariance`, batch by batch, in scalar loops that perform numpy's
+    operations of ``second/m − m̂m̂ᵀ + ((outer/m − m̂m̂ᵀ)·m/(m − 1))/m`` in the same order."""
+    mean_sums, mean_outers, second_sums = cf.moment_sums_by_batch(X, y, beta, beta0, Gamma, H, sigma2, n_batches)
+    n_b, p = mean_sums.shape
+    m = float(X.shape[0] // n_batches)
+    out = np.empty((n_b, p, p))
+    mean = np.empty(p)
+    for b in range(n_b):
+        for a in range(p):
+            mean[a] = mean_sums[b, a] / m
+        for a in range(p):
+            for e in range(p):
+                product = mean[a] * mean[e]
+                spread = (mean_outers[b, a, e] / m - product) * m / (m - 1.0)
+                out[b, a, e] = second_sums[b, a, e] / m - product + spread / m
+    return out
 
 
 def _flat_closed_forms(problem: GDBetaProblem, pool: ContextPool):

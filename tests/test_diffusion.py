@@ -112,6 +112,36 @@ def test_the_cosine_schedule_is_the_optimisers_own():
     np.testing.assert_allclose(cosine_schedule(0.05, 17), [sgd.learning_rate() for _ in range(17)], rtol=1e-14)
 
 
+def test_gradient_noise_covariance_is_the_batch_formula_bit_for_bit():
+    """The compiled estimate is Σ̂ = (1/m)Σ_c E[ĝĝᵀ | c] − m̂m̂ᵀ + K̂/m written in numpy, batch by batch, to the bit."""
+    problem = GDBetaProblem.random(3, 5, seed=2, sigma2=0.4)
+    pool = dyn.context_pool(problem, 60, seed=5, n_batches=4)
+    beta0, Gamma = np.array([0.2, -0.1, 0.4]), np.array([[0.3, 0.1, 0.0], [-0.2, 0.5, 0.1], [0.0, 0.2, 0.1]])
+    sums = cf.conditional_gradient_moments_by_batch(problem, pool.X, pool.y, pool.beta, beta0, Gamma, n_batches=4)
+    m = 15
+    for estimate, (mean_sum, mean_outer, second_sum) in zip(
+            dyn.gradient_noise_covariance(problem, beta0, Gamma, pool), zip(*sums)):
+        mean = mean_sum / m
+        spread = (mean_outer / m - np.outer(mean, mean)) * m / (m - 1)
+        np.testing.assert_array_equal(estimate, second_sum / m - np.outer(mean, mean) + spread / m)
+
+
+def test_a_context_pool_is_checked_once_when_made():
+    pool = dyn.context_pool(GDBetaProblem.random(2, 5, seed=0), 32, seed=0)
+    X = pool.X.copy()
+    X[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="X must be finite"):
+        dyn.ContextPool(X=X, y=pool.y, beta=pool.beta, n_batches=16)
+    with pytest.raises(ValueError, match="n_batches"):
+        dyn.ContextPool(X=pool.X, y=pool.y, beta=pool.beta, n_batches=5)
+    with pytest.raises(ValueError, match="y must have shape"):
+        dyn.ContextPool(X=pool.X, y=pool.y[:, :-1], beta=pool.beta, n_batches=16)
+    with pytest.raises(ValueError, match="pool must hold contexts"):
+        dyn.gradient_noise_covariance(GDBetaProblem.random(2, 6, seed=0), np.zeros(2), np.zeros((2, 2)), pool)
+    with pytest.raises(ValueError, match="Gamma must have shape"):
+        dyn.gradient_noise_covariance(GDBetaProblem.random(2, 5, seed=0), np.zeros(2), np.zeros((3, 3)), pool)
+
+
 @pytest.mark.parametrize("kind", ["full rank", "singular H"])
 def test_gradient_noise_covariance_matches_brute_force_per_prompt_gradients(kind):
     """Σ from the query-integrated formula (docs/gd_beta.md §12) against the sample covariance of per-prompt
