@@ -1001,17 +1001,24 @@ def context_gd_step(X, y, c, beta0, g):
 
 
 @njit(cache=True)
-def _conditional_moment_sums(X, y, beta, beta0, Gamma, H, sigma2):
+def moment_sums_by_batch(X, y, beta, beta0, Gamma, H, sigma2, n_batches):
     """Σ_c E[ĝ | c], Σ_c E[ĝ | c]E[ĝ | c]ᵀ and Σ_c E[ĝĝᵀ | c] over contexts c = (X, y, β), integrating the query
     (x_q, ε_q) exactly (docs/gd_beta.md §12): ĝ = 2rLx_q with r = x_qᵀu − ε_q, u = β₀ + Γg − β,
     g = Xᵀ(y − Xβ₀)/N and L = [P; x ↦ vec(x gᵀ)], P = I − ŜΓᵀ, Ŝ = XᵀX/N, so E[ĝ | c] = 2LHu and
     E[ĝĝᵀ | c] = 4LMLᵀ, M = (uᵀHu + σ²)H + 2Hu uᵀH. In blocks, LMLᵀ = [[PMPᵀ, PM ⊗ gᵀ], [·, M ⊗ ggᵀ]] with
-    Γ-index (j, l) ↦ d + jd + l; scalar loops, O(Nd² + d⁴) per context, no temporaries."""
+    Γ-index (j, l) ↦ d + jd + l; scalar loops, O(Nd² + d⁴) per context, no temporaries.
+
+    The sums are taken separately over each of ``n_batches`` equal consecutive batches of the contexts and
+    returned stacked, (n_batches, p), (n_batches, p, p) and (n_batches, p, p): one call for all the batches (the
+    noise covariance of an SGD path needs them at every step), and one level of compiled calls rather than a
+    batch loop around a kernel, which numba would compile and optimise again. Inputs are checked by the callers
+    (:func:`conditional_gradient_moments_by_batch`; ``n_batches`` divides the number of contexts)."""
     n, N, d = X.shape
     p = d + d * d
-    mean_sum = np.zeros(p)
-    mean_outer = np.zeros((p, p))
-    second_sum = np.zeros((p, p))
+    size = n // n_batches
+    mean_sums = np.zeros((n_batches, p))
+    mean_outers = np.zeros((n_batches, p, p))
+    second_sums = np.zeros((n_batches, p, p))
     g = np.empty(d)
     u = np.empty(d)
     Hu = np.empty(d)
@@ -1021,6 +1028,7 @@ def _conditional_moment_sums(X, y, beta, beta0, Gamma, H, sigma2):
     PM = np.empty((d, d))
     m = np.empty(p)
     for c in range(n):
+        batch = c // size
         context_gd_step(X, y, c, beta0, g)
         for j in range(d):
             for l in range(d):
@@ -1062,26 +1070,26 @@ def _conditional_moment_sums(X, y, beta, beta0, Gamma, H, sigma2):
             for l in range(d):
                 m[d + j * d + l] = 2.0 * Hu[j] * g[l]
         for a in range(p):
-            mean_sum[a] += m[a]
+            mean_sums[batch, a] += m[a]
             for b in range(p):
-                mean_outer[a, b] += m[a] * m[b]
+                mean_outers[batch, a, b] += m[a] * m[b]
         for a in range(d):
             for b in range(d):
                 acc = 0.0
                 for k in range(d):
                     acc += PM[a, k] * P[b, k]
-                second_sum[a, b] += 4.0 * acc
+                second_sums[batch, a, b] += 4.0 * acc
             for j in range(d):
                 for l in range(d):
                     value = 4.0 * PM[a, j] * g[l]
-                    second_sum[a, d + j * d + l] += value
-                    second_sum[d + j * d + l, a] += value
+                    second_sums[batch, a, d + j * d + l] += value
+                    second_sums[batch, d + j * d + l, a] += value
         for j in range(d):
             for l in range(d):
                 for j2 in range(d):
                     for l2 in range(d):
-                        second_sum[d + j * d + l, d + j2 * d + l2] += 4.0 * M[j, j2] * g[l] * g[l2]
-    return mean_sum, mean_outer, second_sum
+                        second_sums[batch, d + j * d + l, d + j2 * d + l2] += 4.0 * M[j, j2] * g[l] * g[l2]
+    return mean_sums, mean_outers, second_sums
 
 
 def conditional_gradient_moments(problem: GDBetaProblem, X, y, beta, beta0, Gamma):
@@ -1108,29 +1116,7 @@ def conditional_gradient_moments_by_batch(problem: GDBetaProblem, X, y, beta, be
     n_batches = check.integer(n_batches, "n_batches", minimum=1)
     if X.shape[0] % n_batches:
         raise ValueError(f"n_batches must divide the number of contexts {X.shape[0]}, got {n_batches}")
-    c = np.ascontiguousarray
-    return moment_sums_by_batch(c(X), c(y), c(beta), c(beta0, dtype=float), c(Gamma, dtype=float), c(problem.H),
-                                float(problem.sigma2), n_batches)
 
-
-@njit(cache=True)
-def moment_sums_by_batch(X, y, beta, beta0, Gamma, H, sigma2, n_batches):
-    """The kernel of :func:`conditional_gradient_moments_by_batch` (inputs already checked, contiguous, and
-    ``n_batches`` dividing the number of contexts): :func:`_conditional_moment_sums` of each consecutive batch,
-    stacked, in one call rather than one per batch (the noise covariance of an SGD path needs it at every step)."""
-    n, _, d = X.shape
-    p = d + d * d
-    m = n // n_batches
-    mean_sums = np.empty((n_batches, p))
-    mean_outers = np.empty((n_batches, p, p))
-    second_sums = np.empty((n_batches, p, p))
-    for b in range(n_batches):
-        lo, hi = b * m, (b + 1) * m
-        mean_sum, mean_outer, second_sum = _conditional_moment_sums(X[lo:hi], y[lo:hi], beta[lo:hi], beta0, Gamma, H,
-                                                                    sigma2)
-        for a in range(p):
-            mean_sums[b, a] = mean_sum[a]
-            for e in range(p):
-                mean_outers[b, a, e] = mean_outer[a, e]
-                second_sums[b, a, e] = second_sum[a, e]
-    return mean_sums, mean_outers, second_sums
+    def c(array):  # writable C-ordered copies: the arrays of a context pool, so one compiled signature
+        return np.array(array, dtype=float, order="C")
+    return moment_sums_by_batch(c(X), c(y), c(beta), c(beta0), c(Gamma), c(problem.H), float(problem.sigma2), n_batches)

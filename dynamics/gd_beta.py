@@ -288,8 +288,9 @@ def minibatch_gradient(problem: GDBetaProblem, prompts: Prompts, beta0, Gamma):
     """Mean squared loss of GD-β on ``prompts`` and its gradient (β₀, Γ): an unbiased estimate of
     (R, ∇R) of :func:`attnflow.closed_forms.gd_beta.icl_risk` / :func:`attnflow.closed_forms.gd_beta.risk_gradient`."""
     d = problem.d
-    beta0 = np.ascontiguousarray(check.finite_array(beta0, "beta0", shape=(d,)))
-    Gamma = np.ascontiguousarray(check.finite_array(Gamma, "Gamma", shape=(d, d)))
+    # Writable copies, like the training model's parameters: a read-only array is another signature to compile.
+    beta0 = np.array(check.finite_array(beta0, "beta0", shape=(d,)))
+    Gamma = np.array(check.finite_array(Gamma, "Gamma", shape=(d, d)))
     return _gd_beta_batch_gradient(prompts.X, prompts.y, prompts.x_query, prompts.y_query, beta0, Gamma)
 
 
@@ -483,17 +484,18 @@ class ContextPool:
     n_batches: int
 
     def __post_init__(self):
-        # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes.
+        # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes; kept as writable
+        # contiguous copies, the arrays every other kernel of this module receives (one compiled signature).
         X = check.finite_array(self.X, "X", ndim=3)
         n = X.shape[0]
         n_batches = check.integer(self.n_batches, "n_batches", minimum=1)
         if n % n_batches or n // n_batches < 2:
             raise ValueError(f"n_batches must divide the number of contexts {n} into batches of at least 2, "
                              f"got {n_batches}")
-        object.__setattr__(self, "X", np.ascontiguousarray(X))
-        object.__setattr__(self, "y", np.ascontiguousarray(check.finite_array(self.y, "y", shape=X.shape[:2])))
-        object.__setattr__(self, "beta", np.ascontiguousarray(check.finite_array(self.beta, "beta",
-                                                                                 shape=(n, X.shape[2]))))
+        object.__setattr__(self, "X", np.array(X, order="C"))
+        object.__setattr__(self, "y", np.array(check.finite_array(self.y, "y", shape=X.shape[:2]), order="C"))
+        object.__setattr__(self, "beta", np.array(check.finite_array(self.beta, "beta", shape=(n, X.shape[2])),
+                                                  order="C"))
         object.__setattr__(self, "n_batches", n_batches)
 
 
@@ -515,30 +517,17 @@ def gradient_noise_covariance(problem: GDBetaProblem, beta0, Gamma, pool: Contex
     d = problem.d
     if pool.X.shape[1:] != (problem.N, d):
         raise ValueError(f"pool must hold contexts of shape ({problem.N}, {d}), got {pool.X.shape[1:]}")
-    beta0 = np.ascontiguousarray(check.finite_array(beta0, "beta0", shape=(d,)))
-    Gamma = np.ascontiguousarray(check.finite_array(Gamma, "Gamma", shape=(d, d)))
-    return _noise_covariance(pool.X, pool.y, pool.beta, beta0, Gamma, np.ascontiguousarray(problem.H),
-                             float(problem.sigma2), pool.n_batches)
-
-
-@njit(cache=True)
-def _noise_covariance(X, y, beta, beta0, Gamma, H, sigma2, n_batches):
-    """The estimates of :func:`gradient_noise_covariance`, batch by batch, in scalar loops that perform numpy's
-    operations of ``second/m − m̂m̂ᵀ + ((outer/m − m̂m̂ᵀ)·m/(m − 1))/m`` in the same order."""
-    mean_sums, mean_outers, second_sums = cf.moment_sums_by_batch(X, y, beta, beta0, Gamma, H, sigma2, n_batches)
-    n_b, p = mean_sums.shape
-    m = float(X.shape[0] // n_batches)
-    out = np.empty((n_b, p, p))
-    mean = np.empty(p)
-    for b in range(n_b):
-        for a in range(p):
-            mean[a] = mean_sums[b, a] / m
-        for a in range(p):
-            for e in range(p):
-                product = mean[a] * mean[e]
-                spread = (mean_outers[b, a, e] / m - product) * m / (m - 1.0)
-                out[b, a, e] = second_sums[b, a, e] / m - product + spread / m
-    return out
+    # writable C-ordered copies, as the pool's arrays: one compiled signature
+    beta0 = np.array(check.finite_array(beta0, "beta0", shape=(d,)), order="C")
+    Gamma = np.array(check.finite_array(Gamma, "Gamma", shape=(d, d)), order="C")
+    mean_sums, mean_outers, second_sums = cf.moment_sums_by_batch(
+        pool.X, pool.y, pool.beta, beta0, Gamma, np.array(problem.H, order="C"), float(problem.sigma2), pool.n_batches)
+    m = pool.X.shape[0] // pool.n_batches
+    # All the batches at once, elementwise: the same operations, in the same order, as batch by batch.
+    mean = mean_sums / m
+    outer = mean[:, :, None] * mean[:, None, :]
+    spread = (mean_outers / m - outer) * m / (m - 1)
+    return second_sums / m - outer + spread / m
 
 
 def _flat_closed_forms(problem: GDBetaProblem, pool: ContextPool):
