@@ -654,7 +654,8 @@ def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = 
     ||θ||), ``log_gradient_scale`` (log of the factor e^c) and ``unsat`` = max_i(1 − max_t s_it)."""
     l = logits(problem, theta)
     a = problem.X @ problem.v
-    D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, problem.Y, LOSS_CODE[problem.loss])
+    # a writable copy of Y: the signature next_token_scc also compiles the kernel for
+    D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, np.array(problem.Y), LOSS_CODE[problem.loss])
     g = np.einsum("it,itp->p", D, problem.features).reshape(problem.theta_shape())
     norm = np.linalg.norm(g)
     return dict(loss=float(loss), log_loss=float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,
