@@ -17,7 +17,7 @@ from attnflow.closed_forms import group_sparse as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.group_sparse import GroupSparseProblem
 
-from .integrate import DivergenceError, iterate_map, map_loop, solve_dopri5
+from .integrate import DivergenceError, iterate_map, solve_dopri5
 from attnflow.seeding import SeedLike, as_seed_sequence
 
 from .montecarlo import Trajectory, check_run_length
@@ -260,11 +260,6 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
                                 position_only=position_only))
 
 
-@njit(cache=True)
-def _position_only_loop(x0, n_steps, record_steps, params, blowup):
-    return map_loop(cf.position_only_step, x0, n_steps, record_steps, params, blowup)
-
-
 def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, n_records: int = 60,
                              record_steps=None) -> Trajectory:
     """The (β, α) map of docs/group_sparse.md §6 from (0, 0) through the integrator engine; records β, α, s*, L."""
@@ -272,7 +267,7 @@ def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int
     record = (np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
               if record_steps is None else np.asarray(record_steps, int))
     sol = iterate_map(cf.position_only_step, [0.0, 0.0], steps, cf.pack_position_only_params(problem, eta),
-                      record_steps=record, loop=_position_only_loop)
+                      record_steps=record)
     beta, alpha = sol.y[:, 0], sol.y[:, 1]
     loss = cf.position_only_loss(problem, beta, alpha)
     s_star = np.array([cf.attention_weights(a, problem.D)[0] for a in alpha])

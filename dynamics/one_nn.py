@@ -17,7 +17,7 @@ from attnflow.closed_forms import one_nn as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.one_nn import OneNNProblem
 
-from .integrate import DivergenceError, iterate_map, map_loop, rk4_loop, solve_rk4
+from .integrate import DivergenceError, iterate_map, rk4_loop, solve_rk4
 from attnflow.seeding import SeedLike, generators
 
 from . import progress
@@ -119,11 +119,6 @@ def monte_carlo_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, *, s
 
 
 @njit(cache=True)
-def _reduced_gd_loop(x0, n_steps, record_steps, params, blowup):
-    return map_loop(cf.reduced_gd_step, x0, n_steps, record_steps, params, blowup)
-
-
-@njit(cache=True)
 def _reduced_flow_rk4(y0, t0, dt, n_steps, record_steps, params, blowup):
     return rk4_loop(cf.reduced_flow_rhs, y0, t0, dt, n_steps, record_steps, params, blowup)
 
@@ -164,7 +159,7 @@ def reduced_trajectory(problem: OneNNProblem, eta: float, steps: int, *, n_recor
     steps, n_records = check_run_length(steps, n_records)
     record = np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
     sol = iterate_map(cf.reduced_gd_step, [0.0, problem.sigma], steps,
-                      cf.pack_reduced_params(problem, eta, resolution), record_steps=record, loop=_reduced_gd_loop)
+                      cf.pack_reduced_params(problem, eta, resolution), record_steps=record)
     return _with_losses(problem, sol.t, sol.y, resolution, dict(eta=eta, resolution=resolution))
 
 

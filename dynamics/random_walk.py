@@ -16,7 +16,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.random_walk import Paths, RandomWalkProblem
 from attnflow.closed_forms.softmax import softmax_into
 
-from .integrate import DivergenceError, iterate_map, map_loop
+from .integrate import DivergenceError, iterate_map
 from attnflow.seeding import SeedLike, as_seed_sequence, spawn
 
 from .montecarlo import Trajectory, check_run_length
@@ -30,11 +30,6 @@ def sample_paths(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -
     n = check.integer(n, "n_paths", minimum=1)
     steps = np.where(rng.random((n, problem.N - 1)) < problem.p, 1, -1)
     return Paths(cf.displacements_from_steps(steps, problem.K), np.full(n, 1.0 / n), exact=False)
-
-
-@njit(cache=True)
-def _reduced_loop(x0, n_steps, record_steps, params, blowup):
-    return map_loop(cf.reduced_step, x0, n_steps, record_steps, params, blowup)
 
 
 def _record_steps(steps: int, n_records: int | None) -> np.ndarray:
@@ -56,7 +51,7 @@ def reduced_trajectory(problem: RandomWalkProblem, paths: Paths, steps: int, *, 
     params = cf.pack_reduced_params(problem, paths)
     x0 = np.zeros(problem.K + problem.N) if x0 is None else check.finite_array(x0, "x0", shape=(problem.K + problem.N,))
     record = _record_steps(steps, n_records) if record_steps is None else record_steps
-    sol = iterate_map(cf.reduced_step, x0, steps, params, record_steps=record, loop=_reduced_loop)
+    sol = iterate_map(cf.reduced_step, x0, steps, params, record_steps=record)
     v, z = sol.y[:, :problem.K], sol.y[:, problem.K:]
     S = np.exp(z - z.max(axis=1, keepdims=True))
     S /= S.sum(axis=1, keepdims=True)

@@ -20,7 +20,7 @@ from attnflow.closed_forms.scb import SCBProblem
 from attnflow.seeding import SeedLike, generator_state, spawn
 
 from .errors import DivergenceError, StageFailure
-from .integrate import iterate_map, map_loop, solve_dopri5
+from .integrate import iterate_map, solve_dopri5
 from . import progress, sampling
 from .diffusion import pool_size
 from .montecarlo import MAX_STEPS, Trajectory
@@ -177,11 +177,6 @@ def minibatch_gradients(problem: SCBProblem, V, Q, batch: int, *, seed: SeedLike
 # ==================================================================================================
 
 
-@njit(cache=True)
-def _line_loop(x0, n_steps, record_steps, params, blowup):
-    return map_loop(cf.line_map_step, x0, n_steps, record_steps, params, blowup)
-
-
 def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int, x0=(0.0, 0.0)) -> Trajectory:
     """The population map on the line (eq. 7) from (α_V, α_Q) = x0, every step recorded.
 
@@ -191,8 +186,7 @@ def line_trajectory(problem: SCBProblem, eta_V: float, eta_Q: float, steps: int,
     if steps > 10**7:
         raise ValueError(f"steps must be at most 10^7 (every step is recorded), got {steps}")
     x0 = check.finite_array(x0, "x0", shape=(2,))
-    sol = iterate_map(cf.line_map_step, x0, steps, cf.pack_line_params(problem, eta_V, eta_Q),
-                      loop=_line_loop)
+    sol = iterate_map(cf.line_map_step, x0, steps, cf.pack_line_params(problem, eta_V, eta_Q))
     alpha_V, alpha_Q = sol.y[:, 0].copy(), sol.y[:, 1].copy()
     return Trajectory(times=np.arange(steps + 1, dtype=float), states=dict(alpha=sol.y),
                       metrics=dict(alpha_V=alpha_V, alpha_Q=alpha_Q, risk=cf.reduced_risk(problem, alpha_V, alpha_Q)),

@@ -9,6 +9,7 @@ from attnflow.dynamics.integrate import (
     DivergenceError,
     dopri5_loop,
     iterate_map,
+    map_loop,
     solve_dopri5,
     solve_rk4,
 )
@@ -206,6 +207,28 @@ def test_iterate_map_refuses_a_map_that_changes_the_state_size():
         iterate_map(growing_map, [1.0, 2.0], 3)
 
 
+@njit(cache=True)
+def _bound_logistic(x0, n_steps, record_steps, params, blowup):
+    return map_loop(logistic_map, x0, n_steps, record_steps, params, blowup)
+
+
+def test_the_shared_map_loop_is_the_bound_loop_to_the_bit():
+    """Without ``loop=`` the map is called through its compiled address by one cached loop; the states are those of
+    the loop compiled around the map."""
+    shared = iterate_map(logistic_map, [0.2], 500, [3.7], record_steps=np.arange(0, 501, 7))
+    bound = iterate_map(logistic_map, [0.2], 500, [3.7], record_steps=np.arange(0, 501, 7), loop=_bound_logistic)
+    np.testing.assert_array_equal(shared.y, bound.y)
+    with pytest.raises(TypeError, match="step_map must be a numba @njit function"):
+        iterate_map(lambda k, x, p: x, [0.2], 3)
+    with pytest.raises(TypeError, match="step_map must take .* and return array"):
+        iterate_map(_scalar_map, [0.2], 3)
+
+
+@njit
+def _scalar_map(k, x, p):
+    return x[0]
+
+
 def test_iterate_map_fixed_point_and_recording():
     sol = iterate_map(logistic_map, [0.2], 200, [2.5], record_steps=[0, 1, 200])
     np.testing.assert_allclose(sol.t, [0, 1, 200])
@@ -309,11 +332,19 @@ def test_bound_dopri5_loops_load_from_the_cache_in_a_new_process(tmp_path):
         b = solve_dopri5(rhs, [1.0], [0.0, 1.0], [2.0])
         assert abs(a.y[-1, 0] - np.exp(-2.0)) < 1e-6 and a.y[-1, 0] == b.y[-1, 0]
         print(sum(bound.stats.cache_hits.values()), sum(bound.stats.cache_misses.values()))
+
+        @njit(cache=True)
+        def halve(k, x, p):
+            return p[0] * x
+
+        from attnflow.dynamics.integrate import _map_loop_at, iterate_map
+        assert iterate_map(halve, [1.0], 3, [0.5]).y[-1, 0] == 0.125
+        print(sum(_map_loop_at.stats.cache_hits.values()), sum(_map_loop_at.stats.cache_misses.values()))
     '''))
     env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-W", "error::numba.NumbaWarning", "-c", "import bound_module"], env=env,
                            capture_output=True, text=True, timeout=600) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr
-    assert runs[0].stdout.split() == ["0", "1"]  # compiled
-    assert runs[1].stdout.split() == ["1", "0"]  # loaded from the cache
+    assert runs[0].stdout.split() == ["0", "1", "0", "1"]  # compiled: the binding, then the shared map loop
+    assert runs[1].stdout.split() == ["1", "0", "1", "0"]  # both loaded from the cache
