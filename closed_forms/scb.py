@@ -432,7 +432,9 @@ def population_map_step(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, l
     eta_V = check.real(eta_V, "eta_V", minimum=0.0, strict=True)
     eta_Q = check.real(eta_Q, "eta_Q", minimum=0.0, strict=True)
     lam = check.real(lam, "lam", minimum=0.0)
-    return _population_map_kernel(V.copy(), Q.copy(), problem.P, problem.Q_star, problem.mu, eta_V, eta_Q, lam)
+    # writable C-ordered P and Q*, like V and Q: the <A, B>_μ kernel then compiles once, not for three layouts
+    return _population_map_kernel(V.copy(), Q.copy(), np.array(problem.P, order="C"),
+                                  np.array(problem.Q_star, order="C"), problem.mu, eta_V, eta_Q, lam)
 
 
 def population_map(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, lam: float = 0.0, *, steps: int):
