@@ -1117,6 +1117,5 @@ def conditional_gradient_moments_by_batch(problem: GDBetaProblem, X, y, beta, be
     if X.shape[0] % n_batches:
         raise ValueError(f"n_batches must divide the number of contexts {X.shape[0]}, got {n_batches}")
 
-    def c(array):  # writable C-ordered copies: the arrays of a context pool, so one compiled signature
-        return np.array(array, dtype=float, order="C")
+    c = np.ascontiguousarray  # the checked copies are read-only and C-ordered, as a context pool's arrays
     return moment_sums_by_batch(c(X), c(y), c(beta), c(beta0), c(Gamma), c(problem.H), float(problem.sigma2), n_batches)

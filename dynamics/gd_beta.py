@@ -484,18 +484,17 @@ class ContextPool:
     n_batches: int
 
     def __post_init__(self):
-        # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes; kept as writable
-        # contiguous copies, the arrays every other kernel of this module receives (one compiled signature).
+        # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes. The checked copies are
+        # read-only, as the problem's own arrays, so the noise kernel compiles one signature.
         X = check.finite_array(self.X, "X", ndim=3)
         n = X.shape[0]
         n_batches = check.integer(self.n_batches, "n_batches", minimum=1)
         if n % n_batches or n // n_batches < 2:
             raise ValueError(f"n_batches must divide the number of contexts {n} into batches of at least 2, "
                              f"got {n_batches}")
-        object.__setattr__(self, "X", np.array(X, order="C"))
-        object.__setattr__(self, "y", np.array(check.finite_array(self.y, "y", shape=X.shape[:2]), order="C"))
-        object.__setattr__(self, "beta", np.array(check.finite_array(self.beta, "beta", shape=(n, X.shape[2])),
-                                                  order="C"))
+        object.__setattr__(self, "X", X)
+        object.__setattr__(self, "y", check.finite_array(self.y, "y", shape=X.shape[:2]))
+        object.__setattr__(self, "beta", check.finite_array(self.beta, "beta", shape=(n, X.shape[2])))
         object.__setattr__(self, "n_batches", n_batches)
 
 
@@ -517,11 +516,11 @@ def gradient_noise_covariance(problem: GDBetaProblem, beta0, Gamma, pool: Contex
     d = problem.d
     if pool.X.shape[1:] != (problem.N, d):
         raise ValueError(f"pool must hold contexts of shape ({problem.N}, {d}), got {pool.X.shape[1:]}")
-    # writable C-ordered copies, as the pool's arrays: one compiled signature
-    beta0 = np.array(check.finite_array(beta0, "beta0", shape=(d,)), order="C")
-    Gamma = np.array(check.finite_array(Gamma, "Gamma", shape=(d, d)), order="C")
+    beta0 = check.finite_array(beta0, "beta0", shape=(d,))
+    Gamma = check.finite_array(Gamma, "Gamma", shape=(d, d))
+    c = np.ascontiguousarray  # a no-op on the read-only C-ordered arrays the kernel is compiled for
     mean_sums, mean_outers, second_sums = cf.moment_sums_by_batch(
-        pool.X, pool.y, pool.beta, beta0, Gamma, np.array(problem.H, order="C"), float(problem.sigma2), pool.n_batches)
+        c(pool.X), c(pool.y), c(pool.beta), c(beta0), c(Gamma), c(problem.H), float(problem.sigma2), pool.n_batches)
     m = pool.X.shape[0] // pool.n_batches
     # All the batches at once, elementwise: the same operations, in the same order, as batch by batch.
     mean = mean_sums / m
