@@ -241,6 +241,9 @@ def _map_address(step_map) -> int:
     if address is None:
         if not hasattr(step_map, "get_compile_result"):
             raise TypeError("step_map must be a numba @njit function")
+        arity = len(inspect.signature(step_map.py_func).parameters)
+        if arity != 3:
+            raise TypeError(f"step_map takes (k, x, params), not {arity} arguments")
         address = _MAP_ADDRESSES[step_map] = _compiled_address(step_map, _MAP_TYPE, "step_map")
     return address
 
@@ -819,7 +822,7 @@ def _as_state(y0, name: str) -> np.ndarray:
 def _as_params(params) -> np.ndarray:
     if params is None:
         return np.zeros(0)
-    params = np.ascontiguousarray(params, dtype=np.float64)
+    params = np.array(params, dtype=np.float64, order="C")  # a fresh writable copy: the type the loops compile for
     if params.ndim != 1:
         raise ValueError(f"params must be a flat 1-D float array, got shape {params.shape}")
     if not np.all(np.isfinite(params)):
@@ -1047,6 +1050,8 @@ def iterate_map(
     Parameters
     ----------
     step_map : numba-compiled function ``(int, ndarray (n,), ndarray (p,)) -> ndarray (n,)``
+        It returns a new C-contiguous float64 vector (it is compiled for ``(int64, float64[::1], float64[::1]) ->
+        float64[::1]``; another return type is a TypeError naming ``step_map``).
     x0 : array_like, shape (n,)
     n_steps : int
         Number of iterations, >= 0.

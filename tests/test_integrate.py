@@ -222,11 +222,22 @@ def test_the_shared_map_loop_is_the_bound_loop_to_the_bit():
         iterate_map(lambda k, x, p: x, [0.2], 3)
     with pytest.raises(TypeError, match="step_map must take .* and return array"):
         iterate_map(_scalar_map, [0.2], 3)
+    with pytest.raises(TypeError, match="step_map takes \\(k, x, params\\), not 2 arguments"):
+        iterate_map(_two_argument_map, [0.2], 3)
+    frozen = np.array([3.7])
+    frozen.setflags(write=False)  # read-only parameters are copied, not a second type to compile
+    np.testing.assert_array_equal(iterate_map(logistic_map, [0.2], 500, frozen).y, iterate_map(
+        logistic_map, [0.2], 500, [3.7]).y)
 
 
 @njit
 def _scalar_map(k, x, p):
     return x[0]
+
+
+@njit
+def _two_argument_map(k, x):
+    return x
 
 
 def test_iterate_map_fixed_point_and_recording():
