@@ -63,6 +63,8 @@ __all__ = [
     "risk_hessian",
     "conditional_gradient_moments",
     "conditional_gradient_moments_by_batch",
+    "moment_sums_by_batch",
+    "check_parameters",
     "snr",
     "excess_risk_sandwich",
     "large_context_ratio_limit",
@@ -264,6 +266,23 @@ class GDBetaProblem:
 def _omega_of(problem: GDBetaProblem, S_tilde: np.ndarray) -> np.ndarray:
     """Ω(S̃) = (N+1)/N S̃ + (tr S̃ + σ²)/N I (docs/gd_beta.md §3)."""
     return omega_matrix(S_tilde, problem.sigma2, problem.N)
+
+
+def check_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
+    """A single (β₀, Γ), shapes (d,) and (d, d), checked as every closed form checks its parameters (finite, and
+    at most 1e75 in size so that the quartic terms stay finite); read-only C-ordered copies."""
+    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
+    if beta0.ndim != 1 or Gamma.ndim != 2:
+        raise ValueError(f"beta0 and Gamma must be a single ({problem.d},) and ({problem.d}, {problem.d}) pair, "
+                         f"got shapes {beta0.shape} and {Gamma.shape}")
+    return _read_only_c(beta0), _read_only_c(Gamma)
+
+
+def _read_only_c(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order and read-only: the one kind of array the moment kernel is compiled for."""
+    array = np.ascontiguousarray(array)
+    array.setflags(write=False)
+    return array
 
 
 def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
@@ -1012,8 +1031,11 @@ def moment_sums_by_batch(X, y, beta, beta0, Gamma, H, sigma2, n_batches):
     returned stacked, (n_batches, p), (n_batches, p, p) and (n_batches, p, p): one call for all the batches (the
     noise covariance of an SGD path needs them at every step), and one level of compiled calls rather than a
     batch loop around a kernel, which numba would compile and optimise again. Inputs are checked by the callers
-    (:func:`conditional_gradient_moments_by_batch`; ``n_batches`` divides the number of contexts)."""
+    (:func:`conditional_gradient_moments_by_batch`, ``dynamics.gd_beta.ContextPool`` with
+    ``gradient_noise_covariance``), which pass read-only C-ordered arrays: one compiled signature."""
     n, N, d = X.shape
+    if n_batches < 1 or n % n_batches:  # the batch index below would run past the outputs
+        raise ValueError("n_batches must divide the number of contexts")
     p = d + d * d
     size = n // n_batches
     mean_sums = np.zeros((n_batches, p))
@@ -1110,12 +1132,10 @@ def conditional_gradient_moments_by_batch(problem: GDBetaProblem, X, y, beta, be
         raise ValueError(f"X must have shape (n, {N}, {d}), got {X.shape}")
     y = check.finite_array(y, "y", shape=X.shape[:2])
     beta = check.finite_array(beta, "beta", shape=(X.shape[0], d))
-    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
-    if beta0.ndim != 1:
-        raise ValueError("conditional_gradient_moments takes a single (beta0, Gamma), not a batch")
+    beta0, Gamma = check_parameters(problem, beta0, Gamma)
     n_batches = check.integer(n_batches, "n_batches", minimum=1)
     if X.shape[0] % n_batches:
         raise ValueError(f"n_batches must divide the number of contexts {X.shape[0]}, got {n_batches}")
 
-    c = np.ascontiguousarray  # the checked copies are read-only and C-ordered, as a context pool's arrays
-    return moment_sums_by_batch(c(X), c(y), c(beta), c(beta0), c(Gamma), c(problem.H), float(problem.sigma2), n_batches)
+    c = _read_only_c  # as a context pool's arrays
+    return moment_sums_by_batch(c(X), c(y), c(beta), beta0, Gamma, c(problem.H), float(problem.sigma2), n_batches)

@@ -289,8 +289,8 @@ def minibatch_gradient(problem: GDBetaProblem, prompts: Prompts, beta0, Gamma):
     (R, ∇R) of :func:`attnflow.closed_forms.gd_beta.icl_risk` / :func:`attnflow.closed_forms.gd_beta.risk_gradient`."""
     d = problem.d
     # Writable copies, like the training model's parameters: a read-only array is another signature to compile.
-    beta0 = np.array(check.finite_array(beta0, "beta0", shape=(d,)))
-    Gamma = np.array(check.finite_array(Gamma, "Gamma", shape=(d, d)))
+    beta0 = np.array(check.finite_array(beta0, "beta0", shape=(d,)), order="C")
+    Gamma = np.array(check.finite_array(Gamma, "Gamma", shape=(d, d)), order="C")
     return _gd_beta_batch_gradient(prompts.X, prompts.y, prompts.x_query, prompts.y_query, beta0, Gamma)
 
 
@@ -484,17 +484,20 @@ class ContextPool:
     n_batches: int
 
     def __post_init__(self):
-        # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes. The checked copies are
-        # read-only, as the problem's own arrays, so the noise kernel compiles one signature.
+        # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes; kept as read-only
+        # C-ordered copies, the one kind of array the noise kernel is compiled for.
         X = check.finite_array(self.X, "X", ndim=3)
         n = X.shape[0]
-        n_batches = check.integer(self.n_batches, "n_batches", minimum=1)
+        n_batches = check.integer(self.n_batches, "n_batches", minimum=2)  # their spread is the standard error
         if n % n_batches or n // n_batches < 2:
             raise ValueError(f"n_batches must divide the number of contexts {n} into batches of at least 2, "
                              f"got {n_batches}")
-        object.__setattr__(self, "X", X)
-        object.__setattr__(self, "y", check.finite_array(self.y, "y", shape=X.shape[:2]))
-        object.__setattr__(self, "beta", check.finite_array(self.beta, "beta", shape=(n, X.shape[2])))
+        checked = dict(X=X, y=check.finite_array(self.y, "y", shape=X.shape[:2]),
+                       beta=check.finite_array(self.beta, "beta", shape=(n, X.shape[2])))
+        for name, value in checked.items():
+            value = np.ascontiguousarray(value)  # the checked copy itself unless the input was not C-ordered
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
         object.__setattr__(self, "n_batches", n_batches)
 
 
@@ -503,7 +506,7 @@ def context_pool(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, n_b
     if n_contexts > 10_000_000:
         raise ValueError(f"n_contexts must be at most 10^7 (memory), got {n_contexts}")
     prompts = sample_prompts(problem, n_contexts, generators(seed, 1)[0])
-    return ContextPool(X=prompts.X, y=prompts.y, beta=np.ascontiguousarray(prompts.beta), n_batches=n_batches)
+    return ContextPool(X=prompts.X, y=prompts.y, beta=prompts.beta, n_batches=n_batches)
 
 
 def gradient_noise_covariance(problem: GDBetaProblem, beta0, Gamma, pool: ContextPool) -> np.ndarray:
@@ -516,11 +519,10 @@ def gradient_noise_covariance(problem: GDBetaProblem, beta0, Gamma, pool: Contex
     d = problem.d
     if pool.X.shape[1:] != (problem.N, d):
         raise ValueError(f"pool must hold contexts of shape ({problem.N}, {d}), got {pool.X.shape[1:]}")
-    beta0 = check.finite_array(beta0, "beta0", shape=(d,))
-    Gamma = check.finite_array(Gamma, "Gamma", shape=(d, d))
-    c = np.ascontiguousarray  # a no-op on the read-only C-ordered arrays the kernel is compiled for
+    beta0, Gamma = cf.check_parameters(problem, beta0, Gamma)
+    H = np.ascontiguousarray(problem.H)  # the problem's read-only array, C-ordered as the pool's
     mean_sums, mean_outers, second_sums = cf.moment_sums_by_batch(
-        c(pool.X), c(pool.y), c(pool.beta), c(beta0), c(Gamma), c(problem.H), float(problem.sigma2), pool.n_batches)
+        pool.X, pool.y, pool.beta, beta0, Gamma, H, float(problem.sigma2), pool.n_batches)
     m = pool.X.shape[0] // pool.n_batches
     # All the batches at once, elementwise: the same operations, in the same order, as batch by batch.
     mean = mean_sums / m

@@ -113,7 +113,8 @@ def test_the_cosine_schedule_is_the_optimisers_own():
 
 
 def test_gradient_noise_covariance_is_the_batch_formula_bit_for_bit():
-    """The compiled estimate is Σ̂ = (1/m)Σ_c E[ĝĝᵀ | c] − m̂m̂ᵀ + K̂/m written in numpy, batch by batch, to the bit."""
+    """The estimate over all batches at once is Σ̂ = (1/m)Σ_c E[ĝĝᵀ | c] − m̂m̂ᵀ + K̂/m computed batch by batch, to
+    the bit."""
     problem = GDBetaProblem.random(3, 5, seed=2, sigma2=0.4)
     pool = dyn.context_pool(problem, 60, seed=5, n_batches=4)
     beta0, Gamma = np.array([0.2, -0.1, 0.4]), np.array([[0.3, 0.1, 0.0], [-0.2, 0.5, 0.1], [0.0, 0.2, 0.1]])
@@ -126,8 +127,11 @@ def test_gradient_noise_covariance_is_the_batch_formula_bit_for_bit():
         np.testing.assert_array_equal(estimate, second_sum / m - np.outer(mean, mean) + spread / m)
 
 
-def test_a_context_pool_is_checked_once_when_made():
+def test_a_context_pool_is_checked_when_made_and_its_parameters_at_each_estimate():
     pool = dyn.context_pool(GDBetaProblem.random(2, 5, seed=0), 32, seed=0)
+    assert pool.X.flags.c_contiguous and not pool.X.flags.writeable
+    fortran = dyn.ContextPool(X=np.asfortranarray(pool.X), y=np.asfortranarray(pool.y), beta=pool.beta, n_batches=16)
+    assert fortran.X.flags.c_contiguous and not fortran.X.flags.writeable and np.array_equal(fortran.X, pool.X)
     X = pool.X.copy()
     X[0, 0, 0] = np.nan
     with pytest.raises(ValueError, match="X must be finite"):
@@ -140,6 +144,12 @@ def test_a_context_pool_is_checked_once_when_made():
         dyn.gradient_noise_covariance(GDBetaProblem.random(2, 6, seed=0), np.zeros(2), np.zeros((2, 2)), pool)
     with pytest.raises(ValueError, match="Gamma must have shape"):
         dyn.gradient_noise_covariance(GDBetaProblem.random(2, 5, seed=0), np.zeros(2), np.zeros((3, 3)), pool)
+    with pytest.raises(ValueError, match="Gamma has entries of size 1e"):  # the quartic moments would overflow
+        dyn.gradient_noise_covariance(GDBetaProblem.random(2, 5, seed=0), np.zeros(2), np.full((2, 2), 1e100), pool)
+    with pytest.raises(ValueError, match="n_batches"):
+        dyn.ContextPool(X=pool.X, y=pool.y, beta=pool.beta, n_batches=1)
+    with pytest.raises(ValueError, match="n_batches must divide"):  # the kernel refuses what would overrun it
+        cf.moment_sums_by_batch(pool.X, pool.y, pool.beta, np.zeros(2), np.zeros((2, 2)), np.eye(2), 0.5, 5)
 
 
 @pytest.mark.parametrize("kind", ["full rank", "singular H"])
