@@ -28,7 +28,7 @@ from attnflow.closed_forms.softmax import max_propagating_nan
 
 __all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
            "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
-           "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "logits",
+           "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "kernel_labels", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
            "selection_svm", "selection_offset"]
 
@@ -647,6 +647,13 @@ def logits(problem: AttentionSVMProblem, theta) -> np.ndarray:
     return problem.features @ theta.ravel()
 
 
+def kernel_labels(problem: AttentionSVMProblem) -> np.ndarray:
+    """A writable copy of the labels Y, as the kernels take them: the shared loss kernel
+    (:func:`log_scaled_logit_gradient`) is also called by next_token_scc with a writable vector, and a read-only
+    one would be a second signature to compile."""
+    return np.array(problem.Y)
+
+
 def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = False) -> dict:
     """Loss L(θ) = (1/n)Σ ℓ(Y_i f_i) and ∇_θ L (§2.3) at θ (p: (d,), W: (d, d)).
 
@@ -654,8 +661,7 @@ def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = 
     ||θ||), ``log_gradient_scale`` (log of the factor e^c) and ``unsat`` = max_i(1 − max_t s_it)."""
     l = logits(problem, theta)
     a = problem.X @ problem.v
-    # a writable copy of Y: the signature next_token_scc also compiles the kernel for
-    D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, np.array(problem.Y), LOSS_CODE[problem.loss])
+    D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, kernel_labels(problem), LOSS_CODE[problem.loss])
     g = np.einsum("it,itp->p", D, problem.features).reshape(problem.theta_shape())
     norm = np.linalg.norm(g)
     return dict(loss=float(loss), log_loss=float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,

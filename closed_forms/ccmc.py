@@ -49,8 +49,8 @@ CYCLE_P = np.array([[.10, .60, .15, .15], [.10, .10, .70, .10], [.65, .10, .10, 
 
 
 def _read_only_c(array: np.ndarray) -> np.ndarray:
-    """``array`` in C order and read-only (the layout every kernel here is compiled for: an F-ordered input would
-    be a second signature to compile)."""
+    """A checked (read-only) copy in C order: an F-ordered input would be a second signature of the kernels that
+    take the chain or the logits."""
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
         array.setflags(write=False)

@@ -401,13 +401,6 @@ def _steps_eta(steps, eta, records, record):
     return int(record[-1]), eta, record
 
 
-def _labels(problem: AttentionSVMProblem) -> np.ndarray:
-    """A writable copy of the labels Y for the kernels: the shared loss kernel (``log_scaled_logit_gradient``) is
-    also called by next_token_scc with a writable vector, and a read-only one would be a second signature to
-    compile."""
-    return np.array(problem.Y)
-
-
 def train(problem: AttentionSVMProblem, theta0, *, eta: float = 0.1, steps: int = 2000, normalise: bool = True,
           records: int = 60, record=None) -> Trajectory:
     """GD (θ ← θ − η∇L) or normalised GD (θ ← θ − η∇L/||∇L||) on θ = p or W (§2.4) from ``theta0``.
@@ -418,7 +411,7 @@ def train(problem: AttentionSVMProblem, theta0, *, eta: float = 0.1, steps: int 
     theta0 = check.finite_array(theta0, "theta0", shape=problem.theta_shape())
     a = problem.X @ problem.v
     thetas, norms, unsat, loss, status, step = _linear_kernel(
-        problem.features, a, _labels(problem), cf.LOSS_CODE[problem.loss], theta0.ravel().copy(), eta, steps,
+        problem.features, a, cf.kernel_labels(problem), cf.LOSS_CODE[problem.loss], theta0.ravel().copy(), eta, steps,
         bool(normalise), record)
     info = _check_status(status, step, "GD" if not normalise else "normalised GD")
     kept = record <= info["stopped_at"] if info["stationary"] else np.ones(record.size, bool)
@@ -443,7 +436,7 @@ def train_kq(problem: AttentionSVMProblem, K0, Q0, *, eta: float = 0.1, steps: i
         raise ValueError(f"K0 must have {d} rows, got shape {K0.shape}")
     a = problem.X @ problem.v
     Ws, kn, qn, unsat, loss, status, step = _kq_kernel(
-        problem.X, problem.Z, a, _labels(problem), cf.LOSS_CODE[problem.loss], K0.copy(), Q0.copy(), eta, steps,
+        problem.X, problem.Z, a, cf.kernel_labels(problem), cf.LOSS_CODE[problem.loss], K0.copy(), Q0.copy(), eta, steps,
         bool(joint), record)
     info = _check_status(status, step, "(K, Q) training")
     kept = record <= info["stopped_at"] if info["stationary"] else np.ones(record.size, bool)
@@ -466,8 +459,8 @@ def train_relu_head(problem: AttentionSVMProblem, V, W0, *, eta: float = 0.1, st
         raise ValueError(f"V must have {problem.d} rows, got shape {V.shape}")
     W0 = check.finite_array(W0, "W0", shape=problem.theta_shape())
     Ws, unsat, loss, status, step = _relu_head_kernel(
-        problem.X, problem.Z, np.ascontiguousarray(V), _labels(problem), cf.LOSS_CODE[problem.loss], W0.copy(), eta, steps,
-        record)
+        problem.X, problem.Z, np.ascontiguousarray(V), cf.kernel_labels(problem), cf.LOSS_CODE[problem.loss], W0.copy(),
+        eta, steps, record)
     info = _check_status(status, step, "normalised GD (nonlinear head)")
     kept = record <= info["stopped_at"] if info["stationary"] else np.ones(record.size, bool)
     return Trajectory(times=record[kept].astype(float), states={"theta": Ws[kept]},
@@ -485,7 +478,7 @@ def train_joint(problem: AttentionSVMProblem, p0, v0, *, eta: float = 0.1, steps
     p0 = check.finite_array(p0, "p0", shape=(problem.d,))
     v0 = check.finite_array(v0, "v0", shape=(problem.d,))
     ps, vs, unsat, loss, status, step = _joint_kernel(
-        problem.X, problem.features, _labels(problem), cf.LOSS_CODE[problem.loss], p0.copy(), v0.copy(), eta, steps,
+        problem.X, problem.features, cf.kernel_labels(problem), cf.LOSS_CODE[problem.loss], p0.copy(), v0.copy(), eta, steps,
         record)
     info = _check_status(status, step, "joint training")
     kept = record <= info["stopped_at"] if info["stationary"] else np.ones(record.size, bool)
@@ -516,7 +509,7 @@ def _log_excess_loss_and_gradient(x, problem):
     in log scale, then Δ_i = ℓ(u_i) − ℓ(γ_{i,opt}) exactly (logistic: log1p(e^{−γ} expm1(δ)/(1 + e^{−γ})))."""
     logit = problem.features @ x
     a = problem.X @ problem.v
-    D, c, _, _, _ = log_scaled_logit_gradient(logit, a, _labels(problem), cf.LOSS_CODE[problem.loss])
+    D, c, _, _, _ = log_scaled_logit_gradient(logit, a, cf.kernel_labels(problem), cf.LOSS_CODE[problem.loss])
     g = np.einsum("it,itp->p", D, problem.features)
     logs = logit - np.logaddexp.reduce(logit, axis=1, keepdims=True)
     opt = problem.opt
