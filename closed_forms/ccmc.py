@@ -48,19 +48,10 @@ GOLDEN_P = np.array([[.4, .3, .2, .1], [.1, .4, .3, .2], [.2, .1, .4, .3], [.3, 
 CYCLE_P = np.array([[.10, .60, .15, .15], [.10, .10, .70, .10], [.65, .10, .10, .15], [.30, .30, .30, .10]])
 
 
-def _read_only_c(array: np.ndarray) -> np.ndarray:
-    """A checked (read-only) copy in C order: an F-ordered input would be a second signature of the kernels that
-    take the chain or the logits."""
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-        array.setflags(write=False)
-    return array
-
-
 def check_chain(P, name: str = "P") -> np.ndarray:
     """A read-only C-ordered K × K row-stochastic matrix with strictly positive entries (P = rowsoftmax(Θ) is never
     0); C order whatever the input's, so that the kernels compile one signature."""
-    P = _read_only_c(check.finite_array(P, name, ndim=2))
+    P = check.finite_array(P, name, ndim=2, order="C")
     if P.shape[0] != P.shape[1] or P.shape[0] < 2:
         raise ValueError(f"{name} must be a square K x K matrix with K >= 2, got shape {P.shape}")
     if np.any(P <= 0):
@@ -276,13 +267,13 @@ def _learning_data(K, prompts, y, query, weights):
 def nll_theta(Theta, prompts, y, query: str = "self", weights=None) -> float:
     """ℓ̂_n(Θ) = mean[log Σ_j m_j e^{Θ_{a,j}} − Θ_{a,y}] (§5.1, eq. 5.1): the raw model's negative log-likelihood
     plus mean(log m_y), convex in Θ. Theta : (K, K); prompts : (n, L); y : (n,)."""
-    Theta = _read_only_c(check.finite_array(Theta, "Theta", ndim=2))
+    Theta = check.finite_array(Theta, "Theta", ndim=2, order="C")
     return float(_nll_and_gradient(Theta, *_learning_data(Theta.shape[0], prompts, y, query, weights))[0])
 
 
 def nll_gradient_theta(Theta, prompts, y, query: str = "self", weights=None) -> np.ndarray:
     """∇_Θ ℓ̂_n (K, K): row a is the mean over samples with last token a of (p(·|X) − e_y) (§5.1, eq. 5.2)."""
-    Theta = _read_only_c(check.finite_array(Theta, "Theta", ndim=2))
+    Theta = check.finite_array(Theta, "Theta", ndim=2, order="C")
     return _nll_and_gradient(Theta, *_learning_data(Theta.shape[0], prompts, y, query, weights))[1]
 
 

@@ -13,10 +13,12 @@ import numpy as np
 PSD_TOLERANCE = 1e-10
 
 
-def finite_array(value, name: str, *, ndim: int | None = None, shape: tuple | None = None) -> np.ndarray:
-    """A read-only float64 copy of ``value``, checked to be finite and of the given shape."""
+def finite_array(value, name: str, *, ndim: int | None = None, shape: tuple | None = None,
+                 order: str = "K") -> np.ndarray:
+    """A read-only float64 copy of ``value``, checked to be finite and of the given shape; ``order="C"`` makes the
+    copy C-ordered whatever the input's layout (a numba kernel compiles once per layout it is given)."""
     try:
-        array = np.array(value, dtype=np.float64, copy=True)
+        array = np.array(value, dtype=np.float64, copy=True, order=order)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{name} must be a numeric array ({error})") from None
     if ndim is not None and array.ndim != ndim:

@@ -271,18 +271,10 @@ def _omega_of(problem: GDBetaProblem, S_tilde: np.ndarray) -> np.ndarray:
 def check_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
     """A single (β₀, Γ), shapes (d,) and (d, d), checked as every closed form checks its parameters (finite, and
     at most 1e75 in size so that the quartic terms stay finite); read-only C-ordered copies."""
-    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
-    if beta0.ndim != 1 or Gamma.ndim != 2:
-        raise ValueError(f"beta0 and Gamma must be a single ({problem.d},) and ({problem.d}, {problem.d}) pair, "
-                         f"got shapes {beta0.shape} and {Gamma.shape}")
-    return _read_only_c(beta0), _read_only_c(Gamma)
-
-
-def _read_only_c(array: np.ndarray) -> np.ndarray:
-    """``array`` in C order and read-only: the one kind of array the moment kernel is compiled for."""
-    array = np.ascontiguousarray(array)
-    array.setflags(write=False)
-    return array
+    d = problem.d
+    _gd_beta_parameters(problem, beta0, Gamma)
+    return (check.finite_array(beta0, "beta0", shape=(d,), order="C"),
+            check.finite_array(Gamma, "Gamma", shape=(d, d), order="C"))
 
 
 def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
@@ -1127,15 +1119,15 @@ def conditional_gradient_moments_by_batch(problem: GDBetaProblem, X, y, beta, be
     stacked: arrays (n_batches, p), (n_batches, p, p), (n_batches, p, p). The inputs are checked once, not once per
     batch (the noise covariance of an SGD path needs it at every step)."""
     d, N = problem.d, problem.N
-    X = check.finite_array(X, "X", ndim=3)
+    # read-only C-ordered copies, as a context pool holds: one compiled signature of the kernel
+    X = check.finite_array(X, "X", ndim=3, order="C")
     if X.shape[1:] != (N, d):
         raise ValueError(f"X must have shape (n, {N}, {d}), got {X.shape}")
-    y = check.finite_array(y, "y", shape=X.shape[:2])
-    beta = check.finite_array(beta, "beta", shape=(X.shape[0], d))
+    y = check.finite_array(y, "y", shape=X.shape[:2], order="C")
+    beta = check.finite_array(beta, "beta", shape=(X.shape[0], d), order="C")
     beta0, Gamma = check_parameters(problem, beta0, Gamma)
     n_batches = check.integer(n_batches, "n_batches", minimum=1)
     if X.shape[0] % n_batches:
         raise ValueError(f"n_batches must divide the number of contexts {X.shape[0]}, got {n_batches}")
-
-    c = _read_only_c  # as a context pool's arrays
-    return moment_sums_by_batch(c(X), c(y), c(beta), beta0, Gamma, c(problem.H), float(problem.sigma2), n_batches)
+    H = np.ascontiguousarray(problem.H)  # the problem's read-only array
+    return moment_sums_by_batch(X, y, beta, beta0, Gamma, H, float(problem.sigma2), n_batches)

@@ -486,18 +486,15 @@ class ContextPool:
     def __post_init__(self):
         # Checked once here, not at each of the thousands of Σ̂ evaluations an SGD path makes; kept as read-only
         # C-ordered copies, the one kind of array the noise kernel is compiled for.
-        X = check.finite_array(self.X, "X", ndim=3)
+        X = check.finite_array(self.X, "X", ndim=3, order="C")
         n = X.shape[0]
         n_batches = check.integer(self.n_batches, "n_batches", minimum=2)  # their spread is the standard error
         if n % n_batches or n // n_batches < 2:
             raise ValueError(f"n_batches must divide the number of contexts {n} into batches of at least 2, "
                              f"got {n_batches}")
-        checked = dict(X=X, y=check.finite_array(self.y, "y", shape=X.shape[:2]),
-                       beta=check.finite_array(self.beta, "beta", shape=(n, X.shape[2])))
-        for name, value in checked.items():
-            value = np.ascontiguousarray(value)  # the checked copy itself unless the input was not C-ordered
-            value.setflags(write=False)
-            object.__setattr__(self, name, value)
+        object.__setattr__(self, "X", X)
+        object.__setattr__(self, "y", check.finite_array(self.y, "y", shape=X.shape[:2], order="C"))
+        object.__setattr__(self, "beta", check.finite_array(self.beta, "beta", shape=(n, X.shape[2]), order="C"))
         object.__setattr__(self, "n_batches", n_batches)
 
 

@@ -322,3 +322,12 @@ def test_the_equilibrium_claim_fails_for_a_slightly_wrong_equilibrium(monkeypatc
     monkeypatch.setattr(cf, "equilibrium_on_support",
                         lambda P, S: true_equilibrium(P, S) + np.array([0.01, -0.01, 0.0, 0.0]))
     assert _run("ccmc.fluid_equilibrium").status == "FAIL"
+
+
+def test_a_chain_is_checked_into_one_read_only_c_ordered_copy():
+    """Whatever the input's layout, the kernels get one kind of array (a second would be a second compile)."""
+    fortran = np.asfortranarray(cf.CYCLE_P)
+    P = cf.check_chain(fortran)
+    assert P.flags.c_contiguous and not P.flags.writeable and np.array_equal(P, cf.CYCLE_P)
+    np.testing.assert_array_equal(cf.stationary_law_of_q(np.full(4, 0.25), fortran),
+                                  cf.stationary_law_of_q(np.full(4, 0.25), cf.CYCLE_P))
