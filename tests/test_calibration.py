@@ -118,6 +118,56 @@ def test_verify_carries_a_row_forward_only_when_its_witness_seeds_reproduce(tmp_
     assert "no calibration table" in capsys.readouterr().err
 
 
+
+def test_witnesses_are_kept_per_platform_and_recorded_only_with_the_code_that_computed_the_row(tmp_path, capsys):
+    import numpy
+
+    table = tmp_path / "calibration.md"
+    store = str(tmp_path / "store")
+    assert main(["calibrate", "--table", str(table), CLAIM, "--seeds", "3", "--jobs", "1", "--store", store,
+                 "--no-progress"]) == 0
+    row = calibration.read_table(table)[CLAIM]
+    here = calibration.platform()
+    assert row["platform"] == here and f"numpy {numpy.__version__}" in here
+    options = ["--table", str(table), "--jobs", "1", "--store", store]
+    verify, rewitness = ["calibrate", "--verify", *options], ["calibrate", "--rewitness", *options]
+    # a row whose witnesses were recorded elsewhere: a mismatch here may be the platform's, and the line says so
+    elsewhere = dict(row, platform="elsewhere", witnesses=[[0, "PASS", "a" * 16], [1, "PASS", "b" * 16]])
+    calibration.update_table(table, dict(elsewhere, code="0" * 16))
+    capsys.readouterr()
+    assert main(verify) == 1
+    line = capsys.readouterr().out.strip()
+    assert line == (f"{CLAIM}: changed at seed 0, against witnesses recorded on another platform (elsewhere): "
+                    "record this platform's with --rewitness at the code that computed the row, or recalibrate")
+    # this platform's witnesses are recorded only with the code that computed the row, never across an edit
+    assert main(rewitness) == 1
+    assert (f"{CLAIM}: stale: record its witnesses with the code that computed the row, or recalibrate"
+            in capsys.readouterr().out)
+    calibration.update_table(table, elsewhere)  # the current code
+    assert main(rewitness) == 0 and f"{CLAIM}: recorded" in capsys.readouterr().out
+    recorded = calibration.read_table(table)[CLAIM]
+    assert recorded == dict(elsewhere, platform_witnesses={here: row["witnesses"]})  # the calibration's own seeds
+    assert main(rewitness) == 0 and f"{CLAIM}: already recorded" in capsys.readouterr().out
+    # … after which an edit is verified here against this platform's witnesses
+    calibration.update_table(table, dict(recorded, code="1" * 16))
+    assert main(verify) == 0 and f"{CLAIM}: carried" in capsys.readouterr().out
+    carried = calibration.read_table(table)[CLAIM]
+    assert carried["platform_witnesses"] == {here: row["witnesses"]} and carried["computed_by"] == "1" * 16
+    changed = dict(recorded, code="1" * 16, platform_witnesses={here: [row["witnesses"][0], [1, "PASS", "f" * 16]]})
+    calibration.update_table(table, changed)
+    assert main(verify) == 1 and f"{CLAIM}: changed at seed 1: recalibrate" in capsys.readouterr().out
+    # a witness seed whose verdict differs on this platform refuses the record: the row's counts may differ too
+    flipped = dict(elsewhere, witnesses=[[0, "FAIL", "a" * 16], [1, "PASS", "b" * 16]])
+    calibration.update_table(table, flipped)
+    assert main(rewitness) == 1
+    assert f"{CLAIM}: seed 0 is PASS on this platform and was FAIL: recalibrate here" in capsys.readouterr().out
+    assert calibration.read_table(table)[CLAIM] == flipped
+    calibration.update_table(table, dict(elsewhere, claim_source="e" * 16))
+    assert main(rewitness) == 1 and "the claim's own source changed: recalibrate" in capsys.readouterr().out
+    assert main(rewitness + ["--verify"]) == 2 and "not both" in capsys.readouterr().err
+    assert main(rewitness + ["--seed", "3"]) == 2 and "--rewitness reruns" in capsys.readouterr().err
+    assert main(["calibrate", CLAIM, "--rewitness"]) == 2 and "give --table" in capsys.readouterr().err
+
 def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
     table = tmp_path / "calibration.md"
     table.with_suffix(".json").write_text("{truncated")

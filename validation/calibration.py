@@ -16,12 +16,22 @@ Each row keeps the fingerprint of the code that computed it and the status and m
 seeds (its *witnesses*). After an edit elsewhere in attnflow changes a claim's fingerprint, :func:`verify_row` reruns
 only the witness seeds: if they reproduce bit for bit, the row is carried forward to the new fingerprint (and keeps
 the one that computed it); if not, the numbers changed and the claim must be recalibrated.
+
+The bits also depend on the *platform* (:func:`platform`): the CPU, which numba compiles for and by which numpy's
+SIMD loops and the BLAS choose their kernels, and the versions of Python and of the numerical libraries. A digest
+recorded on one platform says nothing about an edit rerun on another, so each row names the platform of its
+witnesses and may keep the same seeds' digests for other platforms. :func:`rewitness_row` records them on this
+platform for a row whose code is current (the code that computed the row, so only the platform differs), provided
+each seed keeps its status; a row's statistics are not tied to the last bits, but a seed whose verdict differs on
+this platform means the row must be recalibrated here.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
+import platform as _platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +46,8 @@ from . import sweep, systems
 from .stats import clopper_pearson
 
 __all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table",
-           "update_table", "table_entry", "render_table", "verify_row", "claim_source_digest", "WITNESSES"]
+           "update_table", "table_entry", "render_table", "verify_row", "rewitness_row", "platform",
+           "claim_source_digest", "WITNESSES"]
 
 RESOLUTION = 0.01  # the smallest false-FAIL rate a calibration is asked to resolve
 # The fewest seeds a row of the published table may rest on: 200 for every claim that costs under a second or so
@@ -145,8 +156,33 @@ def table_entry(found: Calibration, *, seed: int) -> dict:
     entry = found.as_dict()
     for transient in ("computed", "reused"):
         entry.pop(transient)
-    return dict(entry, seed=seed, code=found.code, witnesses=[list(w) for w in found.witnesses],
+    return dict(entry, seed=seed, code=found.code, witnesses=[list(w) for w in found.witnesses], platform=platform(),
                 claim_source=claim_source_digest(found.claim))
+
+
+@functools.lru_cache(maxsize=None)
+def platform() -> str:
+    """What a claim's bits depend on besides attnflow's source: the machine and the CPU that numba compiles for
+    (numpy's SIMD loops and OpenBLAS pick their kernels by it too), and the versions of Python and of the numerical
+    libraries (numpy and scipy bring their own OpenBLAS)."""
+    import llvmlite
+    import numba
+    import numpy
+    import scipy
+    from llvmlite import binding
+
+    return (f"{_platform.machine()} {binding.get_host_cpu_name()}, Python {_platform.python_version()}, "
+            f"numpy {numpy.__version__}, scipy {scipy.__version__}, numba {numba.__version__}, "
+            f"llvmlite {llvmlite.__version__}")
+
+
+def witnesses_here(row: dict) -> list | None:
+    """The row's witnesses recorded on this platform, or None when there are none (the row's own witnesses were
+    recorded elsewhere, or before rows named their platform)."""
+    here = platform()
+    if row.get("platform") == here:
+        return row.get("witnesses")
+    return (row.get("platform_witnesses") or {}).get(here)
 
 
 def claim_source_digest(claim: str) -> str:
@@ -233,7 +269,8 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     fingerprint that computed it as ``computed_by``). Anything else leaves the row stale, and the answer says why:
     recalibrate it. Two seeds that reproduce show that the edit did not touch the arithmetic those seeds run
     through; an edit confined to a branch they never take would pass unseen, and an edit to what the claim asserts
-    is caught by the claim's source digest, not by its numbers."""
+    is caught by the claim's source digest, not by its numbers. The witnesses compared are this platform's when the
+    row has them; otherwise its own, and a mismatch then says that the platform may be the cause."""
     entries = read_table(markdown)
     if claim not in entries:
         raise ValueError(f"{claim} has no row in {markdown}")
@@ -241,16 +278,19 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     current = sweep.target_fingerprint(claim)
     if row["code"] == current:
         return "current"
-    witnesses = row.get("witnesses") or []
+    here = witnesses_here(row)
+    witnesses = (row.get("witnesses") if here is None else here) or []
     if not witnesses or not all(_valid_witness(w) for w in witnesses):  # none, or from code that stored no digest
         return "no witnesses"
     if row.get("claim_source") != claim_source_digest(claim):
         return "the claim's own source changed" if row.get("claim_source") else "no claim source digest"
     for expected in witnesses:
-        result = sweep.run_replicates(claim, {}, master_seed=expected[0], seeds=1, store=store, runs=True,
-                                      n_jobs=n_jobs, scheduler=scheduler)
-        record = result.records[0]  # possibly reused from the store, where it may carry another replicate index
-        if [record["result"]["status"], record["result"].get("measured_digest")] != list(expected[1:]):
+        status, digest = _rerun(claim, expected[0], store=store, n_jobs=n_jobs, scheduler=scheduler)
+        if [status, digest] != list(expected[1:]):
+            if here is None:  # the bits may differ through the platform alone
+                return (f"changed at seed {expected[0]}, against witnesses recorded on another platform "
+                        f"({row.get('platform') or 'not named'}): record this platform's with --rewitness at the "
+                        "code that computed the row, or recalibrate")
             return f"changed at seed {expected[0]}"
 
     def carry(entries):
@@ -263,6 +303,51 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     if _edit_table(markdown, carry):
         return "carried"
     return "current" if read_table(markdown).get(claim, {}).get("code") == current else "rewritten meanwhile"
+
+
+def _rerun(claim: str, seed: int, *, store, n_jobs: int, scheduler: str | None) -> tuple[str, str | None]:
+    """(status, measured digest) of ``attnflow check CLAIM --seed seed``, possibly reused from ``store``."""
+    result = sweep.run_replicates(claim, {}, master_seed=seed, seeds=1, store=store, runs=True, n_jobs=n_jobs,
+                                  scheduler=scheduler)
+    record = result.records[0]  # possibly reused from the store, where it may carry another replicate index
+    return record["result"]["status"], record["result"].get("measured_digest")
+
+
+def rewitness_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler: str | None = None) -> str:
+    """Record a row's witnesses on this platform: rerun its witness seeds with the code that computed the row (its
+    fingerprint must be the current one) and keep their digests under :func:`platform` ("recorded"; "already
+    recorded" when this platform has them). Refused, with the reason, for a stale row, an edited claim, or a seed
+    whose status differs from the one recorded: that seed's verdict depends on the platform, so the row's counts
+    may too, and it must be recalibrated here."""
+    entries = read_table(markdown)
+    if claim not in entries:
+        raise ValueError(f"{claim} has no row in {markdown}")
+    row = entries[claim]
+    if row["code"] != sweep.target_fingerprint(claim):
+        return "stale: record its witnesses with the code that computed the row, or recalibrate"
+    if row.get("claim_source") != claim_source_digest(claim):
+        return "the claim's own source changed" if row.get("claim_source") else "no claim source digest"
+    if witnesses_here(row) is not None:
+        return "already recorded"
+    witnesses = row.get("witnesses") or []
+    if not witnesses or not all(_valid_witness(w) for w in witnesses):
+        return "no witnesses"
+    recorded = []
+    for seed, status, _ in witnesses:
+        status_here, digest = _rerun(claim, seed, store=store, n_jobs=n_jobs, scheduler=scheduler)
+        if status_here != status:
+            return f"seed {seed} is {status_here} on this platform and was {status}: recalibrate here"
+        recorded.append([seed, status, digest])
+
+    def record(entries):
+        entry = entries.get(claim)
+        if entry is None or entry["code"] != row["code"]:  # rewritten meanwhile by another process
+            return False
+        entries[claim] = dict(entry, platform_witnesses={**(entry.get("platform_witnesses") or {}),
+                                                         platform(): recorded})
+        return True
+
+    return "recorded" if _edit_table(markdown, record) else "rewritten meanwhile"
 
 
 def _seed_list(seeds, shown: int = 5) -> str:
@@ -314,7 +399,9 @@ def render_table(rows: list[dict]) -> str:
         f"keeps the status and measured-value digest of its first {WITNESSES} seeds; `attnflow calibrate --table",
         "docs/calibration.md --verify` reruns only those seeds for every stale row and, when they reproduce bit for",
         "bit and the claim's own source (its digest is kept too) is unchanged, carries the row forward to the",
-        "current fingerprint, showing in brackets the one that computed it.",
+        "current fingerprint, showing in brackets the one that computed it. Those bits depend on the platform too",
+        "(the CPU, Python, numpy, scipy, numba): the digests are kept per platform, and `--rewitness` records this",
+        "platform's for rows whose fingerprint is current, when each witness seed keeps its status.",
         "",
         f"{calibrated} of {len(rows)} claims calibrated.",
         "",

@@ -6,7 +6,7 @@
     attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--describe]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
     attnflow calibrate CLAIM [--seeds N] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--json]
-    attnflow calibrate --table FILE.md [CLAIM or SYSTEM ...] [--seeds N] [--verify] ...
+    attnflow calibrate --table FILE.md [CLAIM or SYSTEM ...] [--seeds N] [--verify | --rewitness] ...
 
 ``solve`` and ``simulate`` work for every registered system (attnflow.validation.systems): ``--param`` takes the
 Problem's parameters and the options of the population dynamics (solve) or of the minibatch algorithm
@@ -91,6 +91,10 @@ def _build_parser() -> argparse.ArgumentParser:
                            help="with --table: rerun only the witness seeds of each stale row and carry the row "
                                 "forward to the current code if they reproduce bit for bit (exit 1 if a row stays "
                                 "stale or is not calibrated)")
+    calibrate.add_argument("--rewitness", action="store_true",
+                           help="with --table: for each row whose code is current, rerun its witness seeds and record "
+                                "their digests for this platform (CPU and library versions), which --verify then "
+                                "compares here (exit 1 if a row is refused)")
     calibrate.add_argument("--json", action="store_true", help="print JSON (schema attnflow.calibrate/1)")
     calibrate.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -216,16 +220,19 @@ def _command_check(args) -> int:
 def _command_calibrate(args) -> int:
     from . import calibration
 
-    if args.verify and (args.seeds is not None or args.seed is not None):
-        raise ValueError("--verify reruns each row's own witness seeds: --seeds and --seed do not apply")
+    rerun = "--verify" if args.verify else "--rewitness" if args.rewitness else None
+    if args.verify and args.rewitness:
+        raise ValueError("give --verify or --rewitness, not both")
+    if rerun and (args.seeds is not None or args.seed is not None):
+        raise ValueError(f"{rerun} reruns each row's own witness seeds: --seeds and --seed do not apply")
     args.seeds = 200 if args.seeds is None else args.seeds
     args.seed = 0 if args.seed is None else args.seed
     _check_seed(args.seed)
     _check_output_folder(args.store, "--store")
     if args.table is not None:
         return _calibrate_table(args)
-    if args.verify:
-        raise ValueError("--verify checks the rows of a table: give --table FILE.md")
+    if rerun:
+        raise ValueError(f"{rerun} checks the rows of a table: give --table FILE.md")
     if len(args.claims) != 1:
         raise ValueError("calibrate one claim (e.g. gd_beta.risk_formula), or several with --table FILE.md")
     claim = args.claims[0]
@@ -261,7 +268,7 @@ def _calibrate_table(args) -> int:
         raise ValueError(f"--json prints one claim's calibration; the table's JSON twin is written beside {args.table}")
     _check_output_file(args.table, "--table")
     rows = calibration.read_table(args.table)  # an unreadable table stops here, before any work
-    if args.verify:
+    if args.verify or args.rewitness:
         return _verify_table(args, rows)
     chosen = systems.select(args.claims or None)
     all_calibrated = True
@@ -283,27 +290,32 @@ def _calibrate_table(args) -> int:
 
 
 def _verify_table(args, rows) -> int:
-    """``calibrate --table FILE --verify``: the rows named (a claim by name, a system by the rows it has; default
-    every row) checked against the current code."""
+    """``calibrate --table FILE --verify`` (or ``--rewitness``): the rows named (a claim by name, a system by the
+    rows it has; default every row) checked against the current code (or given this platform's witnesses)."""
     from . import calibration
 
     if not rows:
-        raise ValueError(f"there is no calibration table at {args.table} to verify")
+        raise ValueError(f"there is no calibration table at {args.table} to "
+                         + ("verify" if args.verify else "record witnesses for"))
     names = []
     for name in args.claims or sorted(rows):
         claims = systems.select([name])
         if systems.normalise_key(name) not in systems.system_keys() and claims[0].name not in rows:
             raise ValueError(f"no row in {args.table} for {claims[0].name}")
         names += [c.name for c in claims if c.name in rows and c.name not in names]  # a system: the rows it has
+    check, fine = ((calibration.verify_row, ("current", "carried")) if args.verify
+                   else (calibration.rewitness_row, ("recorded", "already recorded")))
+    if args.rewitness:
+        print(f"this platform: {calibration.platform()}", file=sys.stderr)
     failing = 0
     for name in names:
-        verdict = calibration.verify_row(args.table, name, store=f"{args.store.rstrip('/')}/{name}", n_jobs=args.jobs,
-                                         scheduler=args.scheduler)
-        current = verdict in ("current", "carried")
+        verdict = check(args.table, name, store=f"{args.store.rstrip('/')}/{name}", n_jobs=args.jobs,
+                        scheduler=args.scheduler)
+        good = verdict in fine
         calibrated = calibration.read_table(args.table)[name]["calibrated"]
-        failing += not (current and calibrated)
-        print(f"{name}: {verdict}" + ("" if current else ": recalibrate")
-              + ("" if calibrated else " (MISCALIBRATED)"), flush=True)
+        failing += not (good and calibrated)
+        advice = "" if good or "recalibrate" in verdict else ": recalibrate"
+        print(f"{name}: {verdict}{advice}" + ("" if calibrated else " (MISCALIBRATED)"), flush=True)
     return 0 if not failing else 1
 
 
