@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+from attnflow.validation.report import platform
+
 
 def parser(doc: str) -> argparse.ArgumentParser:
     """An argument parser with the flags every benchmark takes."""
@@ -68,11 +70,13 @@ def emit(title: str, header: list[str], rows: list[list[object]], ratios: dict[s
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
     print(f"== {title} ==", file=stream)
+    print(f"platform: {platform()}", file=stream)  # ratios against baselines depend on the CPU and the libraries
     print("  ".join(h.rjust(w) for h, w in zip(header, widths)), file=stream)
     for row in cells:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)), file=stream)
     if as_json:
-        print(json.dumps({"benchmark": title, "ratios": {k: float(v) for k, v in ratios.items()}}, indent=1))
+        print(json.dumps({"benchmark": title, "platform": platform(), "ratios": {k: float(v) for k, v in ratios.items()}},
+                         indent=1))
 
 
 def _cell(value: object) -> str:

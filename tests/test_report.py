@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 
 import jsonschema
 import numpy as np
+import numba
 import pytest
 
 from attnflow import Claim, Outcome, run_claim
@@ -158,6 +159,8 @@ def test_real_claims_json_matches_the_check_schema(cheap_check_run):
     document, _ = cheap_check_run
     _validator("check").validate(document)
     assert [r["name"] for r in document["results"]] == CHEAP_CLAIMS
+    # the platform the numbers are bit-exact on: the CPU and the libraries' versions
+    assert document["platform"] == report.platform() and f"numba {numba.__version__}" in document["platform"]
     assert all(r["measured"] and r["predicted"] for r in document["results"])
 
 
@@ -232,6 +235,7 @@ def _values(result: dict) -> list[str]:
 def _assert_reports_hold_every_number(results: list[dict], folder, n_figures: int):
     page = _page(folder / "report.html")
     markdown = (folder / "report.md").read_text(encoding="utf-8")
+    assert f"Platform: {report.platform()}." in markdown and f"Platform: {report.platform()}." in page.text
     md_cells = {cell for row in _markdown_rows(markdown) for cell in row}
     for r in results:
         assert r["name"] in page.ids and ("a", "href", f"#{r['name']}") in page.links

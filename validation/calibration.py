@@ -27,11 +27,9 @@ this platform means the row must be recalibrated here.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import json
-import platform as _platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +41,7 @@ except ImportError:  # pragma: no cover
     fcntl = None
 
 from . import sweep, systems
+from .report import platform
 from .stats import clopper_pearson
 
 __all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table",
@@ -158,22 +157,6 @@ def table_entry(found: Calibration, *, seed: int) -> dict:
         entry.pop(transient)
     return dict(entry, seed=seed, code=found.code, witnesses=[list(w) for w in found.witnesses], platform=platform(),
                 claim_source=claim_source_digest(found.claim))
-
-
-@functools.lru_cache(maxsize=None)
-def platform() -> str:
-    """What a claim's bits depend on besides attnflow's source: the machine and the CPU that numba compiles for
-    (numpy's SIMD loops and OpenBLAS pick their kernels by it too), and the versions of Python and of the numerical
-    libraries (numpy and scipy bring their own OpenBLAS)."""
-    import llvmlite
-    import numba
-    import numpy
-    import scipy
-    from llvmlite import binding
-
-    return (f"{_platform.machine()} {binding.get_host_cpu_name()}, Python {_platform.python_version()}, "
-            f"numpy {numpy.__version__}, scipy {scipy.__version__}, numba {numba.__version__}, "
-            f"llvmlite {llvmlite.__version__}")
 
 
 def witnesses_here(row: dict) -> list | None:

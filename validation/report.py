@@ -13,6 +13,7 @@ import html
 import io
 import json
 import math
+import platform as _platform
 import re
 import shutil
 import textwrap
@@ -33,6 +34,23 @@ def version() -> str:
         return metadata.version("attnflow")
     except metadata.PackageNotFoundError:  # running from a source tree that is not installed
         return "0+unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def platform() -> str:
+    """What the last bits of the numbers depend on besides attnflow and the seed: the machine and the CPU that
+    numba compiles for (numpy's SIMD loops and OpenBLAS pick their kernels by it too), and the versions of Python
+    and of the numerical libraries (numpy and scipy bring their own OpenBLAS). The same seed on the same platform
+    gives the same numbers bit for bit."""
+    import llvmlite
+    import numba
+    import numpy
+    import scipy
+    from llvmlite import binding
+
+    return (f"{_platform.machine()} {binding.get_host_cpu_name()}, Python {_platform.python_version()}, "
+            f"numpy {numpy.__version__}, scipy {scipy.__version__}, numba {numba.__version__}, "
+            f"llvmlite {llvmlite.__version__}")
 
 
 def json_schema(name: str) -> dict:
@@ -187,7 +205,7 @@ def _narrow_table(results: list[CheckResult], width: int) -> list[str]:
 
 def to_json(results: list[CheckResult], *, seed: int, setting: str) -> str:
     """The stable ``--json`` document (schema ``attnflow.check/2``: validation/schemas/check.schema.json)."""
-    document = dict(schema=JSON_SCHEMA, attnflow_version=version(), seed=seed, setting=setting,
+    document = dict(schema=JSON_SCHEMA, attnflow_version=version(), platform=platform(), seed=seed, setting=setting,
                     summary=summary_counts(results), results=[r.to_dict() for r in results])
     return json.dumps(document, indent=2, ensure_ascii=False)
 
@@ -255,6 +273,8 @@ def markdown_report(results: list[CheckResult], figures: dict, *, seed: int, set
         "",
         f"attnflow {version()}, setting `{setting}`, seed {seed}: **{summary_line(results)}**. A FINDING is a paper "
         "statement that, checked as stated, does not hold here, as documented; it is the registered outcome.",
+        "",
+        f"Platform: {platform()}.",
         "",
         "| claim | status | time |",
         "|---|---|---|",
@@ -381,6 +401,7 @@ def html_report(results: list[CheckResult], figures: dict, *, seed: int, setting
         f"<p>attnflow {_e(version())}, setting <code>{_e(setting)}</code>, seed {_e(seed)}: "
         f"<b>{_e(summary_line(results))}</b>. A FINDING is a paper statement that, checked as stated, does not hold "
         "here, as documented; it is the registered outcome.</p>",
+        f"<p>Platform: {_e(platform())}.</p>",
         "<table><thead><tr><th>claim</th><th>status</th><th>time</th></tr></thead><tbody>",
         summary_rows + "</tbody></table>",
         *(_html_claim(r, figures.get(r.name)) for r in results),
