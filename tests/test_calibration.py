@@ -78,12 +78,17 @@ def test_table_keeps_a_row_per_stochastic_claim_and_skips_deterministic_ones(tmp
     assert calibration.read_table(table) == rows and "1 of 1 claims calibrated" in table.read_text()
 
 
-def test_verify_carries_a_row_forward_only_when_its_witness_seeds_reproduce(tmp_path, capsys):
+def _table_of_three_seeds(tmp_path):
+    """A table with one row, CLAIM over seeds 0–2, and the store that holds those seeds: (table, store, row)."""
     table = tmp_path / "calibration.md"
     store = str(tmp_path / "store")
     assert main(["calibrate", "--table", str(table), CLAIM, "--seeds", "3", "--jobs", "1", "--store", store,
                  "--no-progress"]) == 0
-    row = calibration.read_table(table)[CLAIM]
+    return table, store, calibration.read_table(table)[CLAIM]
+
+
+def test_verify_carries_a_row_forward_only_when_its_witness_seeds_reproduce(tmp_path, capsys):
+    table, store, row = _table_of_three_seeds(tmp_path)
     assert [w[0] for w in row["witnesses"]] == [0, 1] and all(w[1] == "PASS" for w in row["witnesses"])
     verify = ["calibrate", "--table", str(table), "--verify", "--jobs", "1", "--store", str(tmp_path / "fresh")]
     capsys.readouterr()
@@ -122,11 +127,7 @@ def test_verify_carries_a_row_forward_only_when_its_witness_seeds_reproduce(tmp_
 def test_witnesses_are_kept_per_platform_and_recorded_only_with_the_code_that_computed_the_row(tmp_path, capsys):
     import numpy
 
-    table = tmp_path / "calibration.md"
-    store = str(tmp_path / "store")
-    assert main(["calibrate", "--table", str(table), CLAIM, "--seeds", "3", "--jobs", "1", "--store", store,
-                 "--no-progress"]) == 0
-    row = calibration.read_table(table)[CLAIM]
+    table, store, row = _table_of_three_seeds(tmp_path)
     here = calibration.platform()
     assert row["platform"] == here and f"numpy {numpy.__version__}" in here
     options = ["--table", str(table), "--jobs", "1", "--store", store]
