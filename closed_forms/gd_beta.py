@@ -271,17 +271,19 @@ def _omega_of(problem: GDBetaProblem, S_tilde: np.ndarray) -> np.ndarray:
 def check_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
     """A single (β₀, Γ), shapes (d,) and (d, d), checked as every closed form checks its parameters (finite, and
     at most 1e75 in size so that the quartic terms stay finite); read-only C-ordered copies."""
-    d = problem.d
-    _gd_beta_parameters(problem, beta0, Gamma)
-    return (check.finite_array(beta0, "beta0", shape=(d,), order="C"),
-            check.finite_array(Gamma, "Gamma", shape=(d, d), order="C"))
+    beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma, order="C")
+    if beta0.ndim != 1 or Gamma.ndim != 2:
+        raise ValueError(f"beta0 and Gamma must be a single pair, shapes ({problem.d},) and ({problem.d}, "
+                         f"{problem.d}), not a batch: got {beta0.shape} and {Gamma.shape}")
+    return beta0, Gamma
 
 
-def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.ndarray]:
-    """Validated (β₀, Γ): finite, shapes (..., d) and (..., d, d)."""
+def _gd_beta_parameters(problem: GDBetaProblem, beta0, Gamma, order: str = "K") -> tuple[np.ndarray, np.ndarray]:
+    """Validated read-only copies of (β₀, Γ) (C-ordered with ``order="C"``): finite, shapes (..., d) and
+    (..., d, d)."""
     d = problem.d
-    beta0 = check.finite_array(beta0, "beta0")
-    Gamma = check.finite_array(Gamma, "Gamma")
+    beta0 = check.finite_array(beta0, "beta0", order=order)
+    Gamma = check.finite_array(Gamma, "Gamma", order=order)
     if beta0.ndim < 1 or beta0.shape[-1] != d:
         raise ValueError(f"beta0 must have shape (..., {d}), got {beta0.shape}")
     if Gamma.ndim < 2 or Gamma.shape[-2:] != (d, d):

@@ -144,6 +144,8 @@ def test_a_context_pool_is_checked_when_made_and_its_parameters_at_each_estimate
         dyn.gradient_noise_covariance(GDBetaProblem.random(2, 6, seed=0), np.zeros(2), np.zeros((2, 2)), pool)
     with pytest.raises(ValueError, match="Gamma must have shape"):
         dyn.gradient_noise_covariance(GDBetaProblem.random(2, 5, seed=0), np.zeros(2), np.zeros((3, 3)), pool)
+    with pytest.raises(ValueError, match="a single pair"):
+        dyn.gradient_noise_covariance(GDBetaProblem.random(2, 5, seed=0), np.zeros((3, 2)), np.zeros((3, 2, 2)), pool)
     with pytest.raises(ValueError, match="Gamma has entries of size 1e"):  # the quartic moments would overflow
         dyn.gradient_noise_covariance(GDBetaProblem.random(2, 5, seed=0), np.zeros(2), np.full((2, 2), 1e100), pool)
     with pytest.raises(ValueError, match="n_batches"):
