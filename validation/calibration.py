@@ -245,6 +245,23 @@ def _valid_witness(witness) -> bool:
             and isinstance(witness[2], str))
 
 
+def _row(markdown, claim: str) -> dict:
+    entries = read_table(markdown)
+    if claim not in entries:
+        raise ValueError(f"{claim} has no row in {markdown}")
+    return entries[claim]
+
+
+def _unusable(row: dict, claim: str, witnesses: list) -> str | None:
+    """Why a row's ``witnesses`` cannot vouch for it (none, or from code that stored no digest; or the claim's own
+    source changed), or None."""
+    if not witnesses or not all(_valid_witness(w) for w in witnesses):
+        return "no witnesses"
+    if row.get("claim_source") != claim_source_digest(claim):
+        return "the claim's own source changed" if row.get("claim_source") else "no claim source digest"
+    return None
+
+
 def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler: str | None = None) -> str:
     """Check a row against the current code: "current" when its fingerprint is the current one; otherwise rerun its
     witness seeds and, if each reproduces its status and measured digest bit for bit and the claim's own source is
@@ -254,19 +271,15 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     through; an edit confined to a branch they never take would pass unseen, and an edit to what the claim asserts
     is caught by the claim's source digest, not by its numbers. The witnesses compared are this platform's when the
     row has them; otherwise its own, and a mismatch then says that the platform may be the cause."""
-    entries = read_table(markdown)
-    if claim not in entries:
-        raise ValueError(f"{claim} has no row in {markdown}")
-    row = entries[claim]
+    row = _row(markdown, claim)
     current = sweep.target_fingerprint(claim)
     if row["code"] == current:
         return "current"
     here = witnesses_here(row)
     witnesses = (row.get("witnesses") if here is None else here) or []
-    if not witnesses or not all(_valid_witness(w) for w in witnesses):  # none, or from code that stored no digest
-        return "no witnesses"
-    if row.get("claim_source") != claim_source_digest(claim):
-        return "the claim's own source changed" if row.get("claim_source") else "no claim source digest"
+    refused = _unusable(row, claim, witnesses)
+    if refused:
+        return refused
     for expected in witnesses:
         status, digest = _rerun(claim, expected[0], store=store, n_jobs=n_jobs, scheduler=scheduler)
         if [status, digest] != list(expected[1:]):
@@ -302,19 +315,15 @@ def rewitness_row(markdown, claim: str, *, store=None, n_jobs: int = -1, schedul
     recorded" when this platform has them). Refused, with the reason, for a stale row, an edited claim, or a seed
     whose status differs from the one recorded: that seed's verdict depends on the platform, so the row's counts
     may too, and it must be recalibrated here."""
-    entries = read_table(markdown)
-    if claim not in entries:
-        raise ValueError(f"{claim} has no row in {markdown}")
-    row = entries[claim]
+    row = _row(markdown, claim)
     if row["code"] != sweep.target_fingerprint(claim):
         return "stale: record its witnesses with the code that computed the row, or recalibrate"
-    if row.get("claim_source") != claim_source_digest(claim):
-        return "the claim's own source changed" if row.get("claim_source") else "no claim source digest"
     if witnesses_here(row) is not None:
         return "already recorded"
     witnesses = row.get("witnesses") or []
-    if not witnesses or not all(_valid_witness(w) for w in witnesses):
-        return "no witnesses"
+    refused = _unusable(row, claim, witnesses)
+    if refused:
+        return refused
     recorded = []
     for seed, status, _ in witnesses:
         status_here, digest = _rerun(claim, seed, store=store, n_jobs=n_jobs, scheduler=scheduler)
