@@ -286,7 +286,7 @@ def _evaluate(rhs, t, y, params, out):
         out[:] = rhs(t, y, params)
 
 
-@overload(_evaluate)
+@overload(_evaluate, inline="always")
 def _evaluate_jit(rhs, t, y, params, out):
     if _rhs_arity(rhs) == 4:
         def into(rhs, t, y, params, out):
@@ -298,6 +298,102 @@ def _evaluate_jit(rhs, t, y, params, out):
         for i in range(out.size):
             out[i] = value[i]
     return copy
+
+
+# ---- borrowed views --------------------------------------------------------------------------------------------
+#
+# numba counts references to an array's memory with atomic increments and decrements: when a view is taken, when an
+# array is bound to a new name and when it is passed to a compiled function that binds its arguments. The adaptive
+# loops' arithmetic on small systems is a few dozen flops per stage, and those updates (several per evaluation of
+# the right-hand side, several per stage helper) cost more than it did. The loops therefore work on *borrowed*
+# views: arrays with a null meminfo, as ``numba.carray`` makes, which numba does not count. A borrowed view is valid
+# only while the array it was taken from lives: the loops borrow their arguments and one work array of their own
+# frame, which ``_keep_alive`` holds until the loop has ended.
+
+
+def _borrowed_value(context, builder, array_type, data, shape, strides, itemsize):
+    """An array of ``array_type`` over ``data`` with a null meminfo and parent."""
+    view = context.make_array(array_type)(context, builder)
+    context.populate_array(view, data=data, shape=shape, strides=strides, itemsize=itemsize, meminfo=None)
+    return view._getvalue()
+
+
+def _c_array(typ, ndim=None) -> bool:
+    return isinstance(typ, types.Array) and typ.layout == "C" and (ndim is None or typ.ndim == ndim)
+
+
+@intrinsic
+def _borrowed_array(typingctx, array):
+    """A C-contiguous array as a borrowed view of itself (same type)."""
+    if not _c_array(array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        source = context.make_array(array)(context, builder, args[0])
+        return _borrowed_value(context, builder, array, source.data, cgutils.unpack_tuple(builder, source.shape),
+                               cgutils.unpack_tuple(builder, source.strides), source.itemsize)
+
+    return array(array), codegen
+
+
+@intrinsic
+def _borrowed_rows(typingctx, matrix, start, stop):
+    """Rows ``start:stop`` (``0 <= start <= stop <= len``, not checked) of a C-contiguous 2-D array, borrowed."""
+    if not (_c_array(matrix, 2) and isinstance(start, types.Integer) and isinstance(stop, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        source = context.make_array(matrix)(context, builder, args[0])
+        first = context.cast(builder, args[1], signature.args[1], types.intp)
+        last = context.cast(builder, args[2], signature.args[2], types.intp)
+        n = builder.extract_value(source.shape, 1)
+        data = builder.gep(source.data, [builder.mul(first, n)])
+        return _borrowed_value(context, builder, matrix, data, [builder.sub(last, first), n],
+                               cgutils.unpack_tuple(builder, source.strides), source.itemsize)
+
+    return matrix(matrix, start, stop), codegen
+
+
+@intrinsic
+def _borrowed_row(typingctx, matrix, index):
+    """Row ``index`` (not checked) of a C-contiguous 2-D array as a borrowed 1-D view."""
+    if not (_c_array(matrix, 2) and isinstance(index, types.Integer)):
+        return None
+    row_type = matrix.copy(ndim=1)
+
+    def codegen(context, builder, signature, args):
+        source = context.make_array(matrix)(context, builder, args[0])
+        index_value = context.cast(builder, args[1], signature.args[1], types.intp)
+        n = builder.extract_value(source.shape, 1)
+        data = builder.gep(source.data, [builder.mul(index_value, n)])
+        return _borrowed_value(context, builder, row_type, data, [n], [builder.extract_value(source.strides, 1)],
+                               source.itemsize)
+
+    return row_type(matrix, index), codegen
+
+
+@intrinsic
+def _hold(typingctx, array):
+    """A use of ``array`` that does nothing: numba releases a name after its last use, and this is the last."""
+    if not isinstance(array, types.Array):
+        return None
+    return types.none(array), lambda context, builder, signature, args: context.get_dummy_value()
+
+
+if config.DISABLE_JIT:  # the loops run as plain Python: ordinary views, and nothing to hold
+    def _borrowed(array):
+        return array
+
+    def _row(matrix, index):
+        return matrix[index]
+
+    def _rows(matrix, start, stop):
+        return matrix[start:stop]
+
+    def _keep_alive(array):
+        pass
+else:
+    _borrowed, _row, _rows, _keep_alive = _borrowed_array, _borrowed_row, _borrowed_rows, _hold
 
 
 @njit(cache=True)
@@ -384,10 +480,12 @@ def _dense_coefficients(y, y_new, h, K, acc, dense):
 def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """Adaptive DOPRI5 with dense output at ``t_eval``; the body of ``_dopri5_core`` (see :func:`dopri5_loop`).
 
-    Work arrays are allocated once. The seven stage derivatives are the contiguous rows of ``K``, so every stage
-    sum, the error estimate and the dense output run over contiguous memory, in small compiled helpers shared by
-    every right-hand side (the loop itself stays small to compile). The 5th-order solution is taken over by swapping
-    references; Hairer's interpolant is evaluated from its coefficients, computed once per step that has outputs.
+    Work arrays are allocated once, as the rows of one array that the loop holds to its end and uses through
+    borrowed views (the section "borrowed views" above). The seven stage derivatives are the contiguous rows of
+    ``K``, so every stage sum, the error estimate and the dense output run over contiguous memory, in small compiled
+    helpers shared by every right-hand side (the loop itself stays small to compile). The 5th-order solution is taken
+    over by swapping references; Hairer's interpolant is evaluated from its coefficients, computed once per step that
+    has outputs.
     """
     n = y0.size
     n_out = t_eval.size
@@ -399,13 +497,18 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
         j += 1
     t_end = t_eval[n_out - 1]
     t = t0
-    y = y0.copy()
-    y_new = np.empty(n)
-    y_stage = np.empty(n)
-    acc = np.empty(n)
-    K = np.empty((7, n))
-    dense = np.empty((4, n))
-    _evaluate(rhs, t, y, params, K[0])
+    # One work array, held to the end; the loop uses borrowed views of it (see "borrowed views" above)
+    work = np.empty((15, n))
+    K = _rows(work, 0, 7)
+    y = _row(work, 7)
+    y_new = _row(work, 8)
+    y_stage = _row(work, 9)
+    acc = _row(work, 10)
+    dense = _rows(work, 11, 15)
+    params = _borrowed(params)
+    for i in range(n):
+        y[i] = y0[i]
+    _evaluate(rhs, t, y, params, _row(K, 0))
     n_evals = 1
     n_accepted = 0
     n_rejected = 0
@@ -414,7 +517,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
-        h = _initial_step(rhs, t0, y, K[0], K[1], y_stage, params, rtol, atol, t_end - t0, 1.0 / 5.0)
+        h = _initial_step(rhs, t0, y, _row(K, 0), _row(K, 1), y_stage, params, rtol, atol, t_end - t0, 1.0 / 5.0)
         n_evals += 1
     tiny = 10.0 * _EPS
     previous_rejected = False
@@ -431,7 +534,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             # stage (first same as last); one call site per helper keeps each compiled once, for a plain int s
             stage = y_new if s == 6 else y_stage
             _stage_sum(y, h, K, s, _DP_A[s], acc, stage)
-            _evaluate(rhs, t + _DP_C[s] * h, stage, params, K[s])
+            _evaluate(rhs, t + _DP_C[s] * h, stage, params, _row(K, s))
         n_evals += 6
         err = _error_norm(y, y_new, h, K, acc, rtol, atol)
         if not np.isfinite(err):
@@ -472,6 +575,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             factor = min(1.0, factor)
         h *= factor
         previous_rejected = False
+    _keep_alive(work)
     return ys, _OK, n_accepted, n_rejected, n_evals, t
 
 
@@ -693,14 +797,19 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
         j += 1
     t_end = t_eval[n_out - 1]
     t = t0
-    y = y0.copy()
-    y_new = np.empty(n)
-    y_stage = np.empty(n)
-    acc = np.empty(n)
-    acc3 = np.empty(n)
-    K = np.empty((_DOP853_EXTENDED, n))
-    dense = np.empty((7, n))
-    _evaluate(rhs, t, y, params, K[0])
+    # One work array, held to the end; the loop uses borrowed views of it (see "borrowed views" above)
+    work = np.empty((_DOP853_EXTENDED + 12, n))
+    K = _rows(work, 0, _DOP853_EXTENDED)
+    y = _row(work, _DOP853_EXTENDED)
+    y_new = _row(work, _DOP853_EXTENDED + 1)
+    y_stage = _row(work, _DOP853_EXTENDED + 2)
+    acc = _row(work, _DOP853_EXTENDED + 3)
+    acc3 = _row(work, _DOP853_EXTENDED + 4)
+    dense = _rows(work, _DOP853_EXTENDED + 5, _DOP853_EXTENDED + 12)
+    params = _borrowed(params)
+    for i in range(n):
+        y[i] = y0[i]
+    _evaluate(rhs, t, y, params, _row(K, 0))
     n_evals = 1
     n_accepted = 0
     n_rejected = 0
@@ -709,7 +818,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
-        h = _initial_step(rhs, t0, y, K[0], K[1], y_stage, params, rtol, atol, t_end - t0,
+        h = _initial_step(rhs, t0, y, _row(K, 0), _row(K, 1), y_stage, params, rtol, atol, t_end - t0,
                           1.0 / (_DOP853_ESTIMATE_ORDER + 1))
         n_evals += 1
     tiny = 10.0 * _EPS
@@ -724,9 +833,9 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             return ys, _STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
         for s in range(1, _DOP853_STAGES):
             _stage_sum(y, h, K, s, _DOP853_A[s], acc, y_stage)
-            _evaluate(rhs, t + _DOP853_C[s] * h, y_stage, params, K[s])
+            _evaluate(rhs, t + _DOP853_C[s] * h, y_stage, params, _row(K, s))
         _stage_sum(y, h, K, _DOP853_STAGES, _DOP853_B, acc, y_new)
-        _evaluate(rhs, t + h, y_new, params, K[_DOP853_STAGES])
+        _evaluate(rhs, t + h, y_new, params, _row(K, _DOP853_STAGES))
         n_evals += _DOP853_STAGES
         err = _dop853_error_norm(y, y_new, h, K, acc, acc3, rtol, atol)
         if not np.isfinite(err):
@@ -743,7 +852,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
         if j < n_out and t_eval[j] < t_new:
             for s in range(_DOP853_STAGES + 1, _DOP853_EXTENDED):  # the interpolant's three extra stages
                 _stage_sum(y, h, K, s, _DOP853_A[s], acc, y_stage)
-                _evaluate(rhs, t + _DOP853_C[s] * h, y_stage, params, K[s])
+                _evaluate(rhs, t + _DOP853_C[s] * h, y_stage, params, _row(K, s))
             n_evals += _DOP853_EXTENDED - _DOP853_STAGES - 1
             _dop853_dense_coefficients(y, y_new, h, K, acc, dense)
         while j < n_out and t_eval[j] <= t_new:
@@ -766,6 +875,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             factor = min(1.0, factor)
         h *= factor
         previous_rejected = False
+    _keep_alive(work)
     return ys, _OK, n_accepted, n_rejected, n_evals, t
 
 

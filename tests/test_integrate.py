@@ -10,6 +10,7 @@ from attnflow.dynamics.integrate import (
     dopri5_loop,
     iterate_map,
     map_loop,
+    solve_dop853,
     solve_dopri5,
     solve_rk4,
 )
@@ -359,3 +360,52 @@ def test_bound_dopri5_loops_load_from_the_cache_in_a_new_process(tmp_path):
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout.split() == ["0", "1", "0", "1"]  # compiled: the binding, then the shared map loop
     assert runs[1].stdout.split() == ["1", "0", "1", "0"]  # both loaded from the cache
+
+
+# ---- the loops' borrowed views (dynamics/integrate.py, "borrowed views") --------------------------------------------
+@njit
+def oscillator_rhs_scribbling(t, y, p, out):
+    """oscillator_rhs_into, after filling freshly allocated blocks the size of the loops' work arrays with NaN: had
+    a loop released its work array while still using views of it, these blocks would land in it."""
+    for rows in (15, 28):
+        junk = np.empty((rows, y.size))
+        junk[:] = np.nan
+    out[0] = y[1]
+    out[1] = -p[0] ** 2 * y[0]
+
+
+@njit
+def oscillator_rhs_into_plain(t, y, p, out):
+    out[0] = y[1]
+    out[1] = -p[0] ** 2 * y[0]
+
+
+@pytest.mark.parametrize("solve", [solve_dopri5, solve_dop853])
+def test_the_loops_hold_their_work_array_while_they_use_it(solve):
+    t_eval = np.linspace(0.0, 10.0, 21)
+    plain = solve(oscillator_rhs_into_plain, [1.0, 0.5], t_eval, [2.0], rtol=1e-9, atol=1e-12)
+    scribbled = solve(oscillator_rhs_scribbling, [1.0, 0.5], t_eval, [2.0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(scribbled.y, plain.y)
+    assert scribbled.n_rhs_evals == plain.n_rhs_evals
+
+
+@pytest.mark.parametrize("solve", [solve_dopri5, solve_dop853])
+def test_the_loops_release_what_they_allocate(solve):
+    from numba.core.runtime import _nrt_python as nrt
+
+    t_eval = np.linspace(0.0, 10.0, 21)
+    solve(oscillator_rhs_into_plain, [1.0, 0.5], t_eval, [2.0])  # compiled or loaded outside the count
+    was_enabled = nrt.memsys_stats_enabled()
+    nrt.memsys_enable_stats()
+    try:
+        before = (nrt.memsys_get_stats_alloc(), nrt.memsys_get_stats_free())
+        for _ in range(3):
+            solution = solve(oscillator_rhs_into_plain, [1.0, 0.5], t_eval, [2.0])
+            del solution
+        allocated = nrt.memsys_get_stats_alloc() - before[0]
+        freed = nrt.memsys_get_stats_free() - before[1]
+    finally:
+        if not was_enabled:
+            nrt.memsys_disable_stats()
+    assert allocated >= 3 * 2  # the output and the work array of each solve
+    assert freed == allocated
