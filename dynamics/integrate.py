@@ -451,39 +451,81 @@ def _stage_sum(y, h, K, s, coefficients, acc, out):
 
 
 @njit(cache=True)
-def _error_norm(y, y_new, h, K, acc, rtol, atol):
-    """RMS of the embedded error estimate h Σ e_s K[s] in units of ``atol + rtol * max(|y|, |y_new|)``."""
+def _dopri5_stage(s, y, h, K, out):
+    """out = y + h Σ_{r<s} a_{sr} K[r] for stage ``s`` (1…6) of the DOPRI5 tableau; s = 6 is the 5th-order solution.
+
+    One pass over the components, each summing the nonzero terms of its row in the tableau's order: the arithmetic
+    of term-by-term passes (:func:`_stage_sum`, which DOP853 uses), so the same bits, without a pass over memory per
+    term. On the reduced flows' 2–420 components the set-up of those passes, not their flops, was most of a step."""
     n = y.size
-    _weighted_stages(K, K.shape[0], _DP_E, acc)  # K.shape[0] = 7, an int rather than a literal to specialise on
+    if s == 1:
+        a = _DP_A[1]
+        for i in range(n):
+            out[i] = y[i] + h * (a[0] * K[0, i])
+    elif s == 2:
+        a = _DP_A[2]
+        for i in range(n):
+            out[i] = y[i] + h * (a[0] * K[0, i] + a[1] * K[1, i])
+    elif s == 3:
+        a = _DP_A[3]
+        for i in range(n):
+            out[i] = y[i] + h * (a[0] * K[0, i] + a[1] * K[1, i] + a[2] * K[2, i])
+    elif s == 4:
+        a = _DP_A[4]
+        for i in range(n):
+            out[i] = y[i] + h * (a[0] * K[0, i] + a[1] * K[1, i] + a[2] * K[2, i] + a[3] * K[3, i])
+    elif s == 5:
+        a = _DP_A[5]
+        for i in range(n):
+            out[i] = y[i] + h * (a[0] * K[0, i] + a[1] * K[1, i] + a[2] * K[2, i] + a[3] * K[3, i]
+                                 + a[4] * K[4, i])
+    else:  # a[1] = 0: skipped, as a pass skips a zero coefficient
+        a = _DP_A[6]
+        for i in range(n):
+            out[i] = y[i] + h * (a[0] * K[0, i] + a[2] * K[2, i] + a[3] * K[3, i] + a[4] * K[4, i]
+                                 + a[5] * K[5, i])
+
+
+@njit(cache=True)
+def _error_norm(y, y_new, h, K, rtol, atol):
+    """RMS of the embedded error estimate h Σ e_s K[s] in units of ``atol + rtol * max(|y|, |y_new|)`` (the terms
+    summed as in :func:`_dopri5_stage`; e₁ = 0 is skipped)."""
+    n = y.size
+    e = _DP_E
     total = 0.0
     for i in range(n):
         scale = atol + rtol * max(abs(y[i]), abs(y_new[i]))
-        total += (h * acc[i] / scale) ** 2
+        estimate = (e[0] * K[0, i] + e[2] * K[2, i] + e[3] * K[3, i] + e[4] * K[4, i] + e[5] * K[5, i]
+                    + e[6] * K[6, i])
+        total += (h * estimate / scale) ** 2
     return np.sqrt(total / n)
 
 
 @njit(cache=True)
-def _dense_coefficients(y, y_new, h, K, acc, dense):
+def _dense_coefficients(y, y_new, h, K, dense):
     """The four coefficient vectors of Hairer's order-4 DOPRI5 interpolant on the step [t, t + h] (rows of ``dense``):
-    y(t + θh) = y + θ(c₀ + (1 − θ)(c₁ + θ(c₂ + (1 − θ)c₃)))."""
+    y(t + θh) = y + θ(c₀ + (1 − θ)(c₁ + θ(c₂ + (1 − θ)c₃))) (the last summed as in :func:`_dopri5_stage`; d₁ = 0 is
+    skipped)."""
     n = y.size
-    _weighted_stages(K, K.shape[0], _DP_D, acc)
+    d = _DP_D
     for i in range(n):
         ydiff = y_new[i] - y[i]
         bspl = h * K[0, i] - ydiff
         dense[0, i] = ydiff
         dense[1, i] = bspl
         dense[2, i] = ydiff - h * K[6, i] - bspl
-        dense[3, i] = h * acc[i]
+        dense[3, i] = h * (d[0] * K[0, i] + d[2] * K[2, i] + d[3] * K[3, i] + d[4] * K[4, i] + d[5] * K[5, i]
+                           + d[6] * K[6, i])
 
 
 def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """Adaptive DOPRI5 with dense output at ``t_eval``; the body of ``_dopri5_core`` (see :func:`dopri5_loop`).
 
     Work arrays are allocated once, as the rows of one array that the loop holds to its end and uses through
-    borrowed views (the section "borrowed views" above). The seven stage derivatives are the contiguous rows of
-    ``K``, so every stage sum, the error estimate and the dense output run over contiguous memory, in small compiled
-    helpers shared by every right-hand side (the loop itself stays small to compile). The 5th-order solution is taken
+    borrowed views (the section "borrowed views" above). The seven stage derivatives are the rows of ``K``; every
+    stage sum, the error estimate and the dense output is one pass over the components with the tableau's
+    coefficients written out (:func:`_dopri5_stage`), in small compiled helpers shared by every right-hand side (the
+    loop itself stays small to compile). The 5th-order solution is taken
     over by swapping references; Hairer's interpolant is evaluated from its coefficients, computed once per step that
     has outputs.
     """
@@ -498,13 +540,12 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     t_end = t_eval[n_out - 1]
     t = t0
     # One work array, held to the end; the loop uses borrowed views of it (see "borrowed views" above)
-    work = np.empty((15, n))
+    work = np.empty((14, n))
     K = _rows(work, 0, 7)
     y = _row(work, 7)
     y_new = _row(work, 8)
     y_stage = _row(work, 9)
-    acc = _row(work, 10)
-    dense = _rows(work, 11, 15)
+    dense = _rows(work, 10, 14)
     params = _borrowed(params)
     for i in range(n):
         y[i] = y0[i]
@@ -533,10 +574,10 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             # row 7 of the tableau is the 5th-order solution (c = 1), and its derivative is the next step's first
             # stage (first same as last); one call site per helper keeps each compiled once, for a plain int s
             stage = y_new if s == 6 else y_stage
-            _stage_sum(y, h, K, s, _DP_A[s], acc, stage)
+            _dopri5_stage(s, y, h, K, stage)
             _evaluate(rhs, t + _DP_C[s] * h, stage, params, _row(K, s))
         n_evals += 6
-        err = _error_norm(y, y_new, h, K, acc, rtol, atol)
+        err = _error_norm(y, y_new, h, K, rtol, atol)
         if not np.isfinite(err):
             # A non-finite stage: shrink hard; if the state itself is the problem the step-size floor stops us.
             h *= MIN_FACTOR
@@ -550,7 +591,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             continue
         t_new = t_end if clipped else t + h
         if j < n_out and t_eval[j] < t_new:
-            _dense_coefficients(y, y_new, h, K, acc, dense)
+            _dense_coefficients(y, y_new, h, K, dense)
         while j < n_out and t_eval[j] <= t_new:
             if t_eval[j] == t_new:
                 for i in range(n):

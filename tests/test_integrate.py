@@ -409,3 +409,42 @@ def test_the_loops_release_what_they_allocate(solve):
             nrt.memsys_disable_stats()
     assert allocated >= 3 * 2  # the output and the work array of each solve
     assert freed == allocated
+
+
+def test_the_fused_dopri5_sums_skip_exactly_the_tableaus_zeros():
+    """_dopri5_stage, _error_norm and _dense_coefficients write each row's terms out and leave out the zero
+    coefficients (as a term-by-term pass does, so the bits are the same): the tableau must have its zeros there and
+    nowhere else."""
+    from attnflow.dynamics.integrate import _DP_A, _DP_D, _DP_E
+
+    for s in range(1, 7):
+        zeros = [r for r in range(s) if _DP_A[s][r] == 0.0]
+        assert zeros == ([1] if s == 6 else []), s
+    assert [r for r in range(7) if _DP_E[r] == 0.0] == [1]
+    assert [r for r in range(7) if _DP_D[r] == 0.0] == [1]
+
+
+@pytest.mark.parametrize("n", [3, 50])
+def test_the_fused_dopri5_sums_are_the_term_by_term_passes_to_the_bit(n):
+    from attnflow.dynamics.integrate import (
+        _DP_A, _DP_D, _DP_E, _dense_coefficients, _dopri5_stage, _error_norm, _stage_sum, _weighted_stages,
+    )
+
+    rng = np.random.default_rng(n)
+    K, y, y_new = rng.normal(size=(7, n)), rng.normal(size=n), rng.normal(size=n)
+    h, acc = 0.37, np.empty(n)
+    for s in range(1, 7):
+        fused, passes = np.empty(n), np.empty(n)
+        _dopri5_stage(s, y, h, K, fused)
+        _stage_sum(y, h, K, s, _DP_A[s], acc, passes)
+        np.testing.assert_array_equal(fused, passes)
+    _weighted_stages(K, 7, _DP_E, acc)
+    scale = 1e-9 + 1e-6 * np.maximum(np.abs(y), np.abs(y_new))
+    total = 0.0
+    for i in range(n):  # the norm's own sum, left to right
+        total += (h * acc[i] / scale[i]) ** 2
+    assert _error_norm(y, y_new, h, K, 1e-6, 1e-9) == np.sqrt(total / n)
+    dense = np.empty((4, n))
+    _dense_coefficients(y, y_new, h, K, dense)
+    _weighted_stages(K, 7, _DP_D, acc)
+    np.testing.assert_array_equal(dense[3], h * acc)
