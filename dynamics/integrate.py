@@ -336,6 +336,14 @@ def _borrowed_array(typingctx, array):
     return array(array), codegen
 
 
+def _row_start(context, builder, signature, args):
+    """(the 2-D array ``args[0]``, its row length, the address of its row ``args[1]``)."""
+    source = context.make_array(signature.args[0])(context, builder, args[0])
+    index = context.cast(builder, args[1], signature.args[1], types.intp)
+    n = builder.extract_value(source.shape, 1)
+    return source, n, builder.gep(source.data, [builder.mul(index, n)])
+
+
 @intrinsic
 def _borrowed_rows(typingctx, matrix, start, stop):
     """Rows ``start:stop`` (``0 <= start <= stop <= len``, not checked) of a C-contiguous 2-D array, borrowed."""
@@ -343,11 +351,9 @@ def _borrowed_rows(typingctx, matrix, start, stop):
         return None
 
     def codegen(context, builder, signature, args):
-        source = context.make_array(matrix)(context, builder, args[0])
+        source, n, data = _row_start(context, builder, signature, args)
         first = context.cast(builder, args[1], signature.args[1], types.intp)
         last = context.cast(builder, args[2], signature.args[2], types.intp)
-        n = builder.extract_value(source.shape, 1)
-        data = builder.gep(source.data, [builder.mul(first, n)])
         return _borrowed_value(context, builder, matrix, data, [builder.sub(last, first), n],
                                cgutils.unpack_tuple(builder, source.strides), source.itemsize)
 
@@ -362,10 +368,7 @@ def _borrowed_row(typingctx, matrix, index):
     row_type = matrix.copy(ndim=1)
 
     def codegen(context, builder, signature, args):
-        source = context.make_array(matrix)(context, builder, args[0])
-        index_value = context.cast(builder, args[1], signature.args[1], types.intp)
-        n = builder.extract_value(source.shape, 1)
-        data = builder.gep(source.data, [builder.mul(index_value, n)])
+        source, n, data = _row_start(context, builder, signature, args)
         return _borrowed_value(context, builder, row_type, data, [n], [builder.extract_value(source.strides, 1)],
                                source.itemsize)
 
@@ -518,6 +521,9 @@ def _dense_coefficients(y, y_new, h, K, dense):
                            + d[6] * K[6, i])
 
 
+_DOPRI5_WORK_ROWS = 14  # the loop's work array: K (7 rows), y, y_new, y_stage and the interpolant (4)
+
+
 def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """Adaptive DOPRI5 with dense output at ``t_eval``; the body of ``_dopri5_core`` (see :func:`dopri5_loop`).
 
@@ -525,9 +531,8 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     borrowed views (the section "borrowed views" above). The seven stage derivatives are the rows of ``K``; every
     stage sum, the error estimate and the dense output is one pass over the components with the tableau's
     coefficients written out (:func:`_dopri5_stage`), in small compiled helpers shared by every right-hand side (the
-    loop itself stays small to compile). The 5th-order solution is taken
-    over by swapping references; Hairer's interpolant is evaluated from its coefficients, computed once per step that
-    has outputs.
+    loop itself stays small to compile). The 5th-order solution is taken over by swapping references; Hairer's
+    interpolant is evaluated from its coefficients, computed once per step that has outputs.
     """
     n = y0.size
     n_out = t_eval.size
@@ -540,12 +545,12 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     t_end = t_eval[n_out - 1]
     t = t0
     # One work array, held to the end; the loop uses borrowed views of it (see "borrowed views" above)
-    work = np.empty((14, n))
+    work = np.empty((_DOPRI5_WORK_ROWS, n))
     K = _rows(work, 0, 7)
     y = _row(work, 7)
     y_new = _row(work, 8)
     y_stage = _row(work, 9)
-    dense = _rows(work, 10, 14)
+    dense = _rows(work, 10, _DOPRI5_WORK_ROWS)
     params = _borrowed(params)
     for i in range(n):
         y[i] = y0[i]
@@ -774,6 +779,7 @@ _DOP853_E3 = _dop853_row(_dop853_coefficients.E3)                        # over 
 _DOP853_E5 = _dop853_row(_dop853_coefficients.E5)
 _DOP853_D = tuple(_dop853_row(row) for row in _dop853_coefficients.D)   # dense-output rows over stages 0..15
 _DOP853_EXPONENT = -1.0 / (_DOP853_ESTIMATE_ORDER + 1)
+_DOP853_WORK_ROWS = _DOP853_EXTENDED + 12  # K, then y, y_new, y_stage, two accumulators and the interpolant (7)
 
 
 @njit(cache=True)
@@ -839,14 +845,14 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     t_end = t_eval[n_out - 1]
     t = t0
     # One work array, held to the end; the loop uses borrowed views of it (see "borrowed views" above)
-    work = np.empty((_DOP853_EXTENDED + 12, n))
+    work = np.empty((_DOP853_WORK_ROWS, n))
     K = _rows(work, 0, _DOP853_EXTENDED)
     y = _row(work, _DOP853_EXTENDED)
     y_new = _row(work, _DOP853_EXTENDED + 1)
     y_stage = _row(work, _DOP853_EXTENDED + 2)
     acc = _row(work, _DOP853_EXTENDED + 3)
     acc3 = _row(work, _DOP853_EXTENDED + 4)
-    dense = _rows(work, _DOP853_EXTENDED + 5, _DOP853_EXTENDED + 12)
+    dense = _rows(work, _DOP853_EXTENDED + 5, _DOP853_WORK_ROWS)
     params = _borrowed(params)
     for i in range(n):
         y[i] = y0[i]

@@ -123,7 +123,6 @@ def test_verify_carries_a_row_forward_only_when_its_witness_seeds_reproduce(tmp_
     assert "no calibration table" in capsys.readouterr().err
 
 
-
 def test_witnesses_are_kept_per_platform_and_recorded_only_with_the_code_that_computed_the_row(tmp_path, capsys):
     import numpy
 
@@ -168,6 +167,7 @@ def test_witnesses_are_kept_per_platform_and_recorded_only_with_the_code_that_co
     assert main(rewitness + ["--verify"]) == 2 and "not both" in capsys.readouterr().err
     assert main(rewitness + ["--seed", "3"]) == 2 and "--rewitness reruns" in capsys.readouterr().err
     assert main(["calibrate", CLAIM, "--rewitness"]) == 2 and "give --table" in capsys.readouterr().err
+
 
 def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
     table = tmp_path / "calibration.md"

@@ -5,6 +5,7 @@ import pytest
 from numba import njit
 from scipy.integrate import solve_ivp
 
+from attnflow.dynamics import integrate
 from attnflow.dynamics.integrate import (
     DivergenceError,
     dopri5_loop,
@@ -363,11 +364,14 @@ def test_bound_dopri5_loops_load_from_the_cache_in_a_new_process(tmp_path):
 
 
 # ---- the loops' borrowed views (dynamics/integrate.py, "borrowed views") --------------------------------------------
+WORK_ROWS = (integrate._DOPRI5_WORK_ROWS, integrate._DOP853_WORK_ROWS)
+
+
 @njit
 def oscillator_rhs_scribbling(t, y, p, out):
     """oscillator_rhs_into, after filling freshly allocated blocks the size of the loops' work arrays with NaN: had
     a loop released its work array while still using views of it, these blocks would land in it."""
-    for rows in (15, 28):
+    for rows in WORK_ROWS:
         junk = np.empty((rows, y.size))
         junk[:] = np.nan
     out[0] = y[1]
