@@ -958,7 +958,8 @@ def solve_dop853(rhs, y0, t_eval, params=None, *, t0: float | None = None, rtol:
         arity, address = _rhs_address(rhs)
         core = _dop853_into_at if arity == 4 else _dop853_returning_at
         ys, status, n_acc, n_rej, n_ev, t_stop = core(address, *args)
-    _raise_for_adaptive_status(status, n_acc, t_stop, "solve_dop853", max_steps)
+    if status:
+        _raise_for_adaptive_status(status, n_acc, t_stop, "solve_dop853", max_steps)
     return Solution(t=args[2].copy(), y=ys, n_steps=n_acc, n_rejected=n_rej, n_rhs_evals=n_ev)
 
 
@@ -1152,22 +1153,23 @@ def solve_dopri5(
         arity, address = _rhs_address(rhs)
         core = _dopri5_into_at if arity == 4 else _dopri5_returning_at
         ys, status, n_acc, n_rej, n_ev, t_stop = core(address, *args)
-    _raise_for_adaptive_status(status, n_acc, t_stop, "solve_dopri5", max_steps)
+    if status:
+        _raise_for_adaptive_status(status, n_acc, t_stop, "solve_dopri5", max_steps)
     return Solution(t=args[2].copy(), y=ys, n_steps=n_acc, n_rejected=n_rej, n_rhs_evals=n_ev)
 
 
 def _adaptive_arguments(y0, t_eval, params, t0, rtol, atol, first_step, max_steps, blowup) -> tuple:
     """The checked arguments ``(y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)`` of an adaptive
     loop (see :func:`solve_dopri5`); raises ValueError naming the parameter."""
-    # The shapes here, the values in one compiled pass (numpy's checks cost more than a small solve).
-    # Fresh writable copies: a read-only input would be a second argument type, and so a second compile of the loop.
-    y0 = np.array(y0, dtype=np.float64)
+    # The shapes here, the values in one compiled pass (numpy's checks cost more than a small solve). A solve's
+    # Python path is most of its cost when the caches are cold, so the common case (float64 vectors) copies nothing.
+    y0 = _float_vector(y0)
     if y0.ndim != 1 or y0.size == 0:
         raise ValueError(f"y0 must be a non-empty 1-D array, got shape {y0.shape}")
-    params = np.zeros(0) if params is None else np.array(params, dtype=np.float64)
+    params = _NO_PARAMS if params is None else _float_vector(params)
     if params.ndim != 1:
         raise ValueError(f"params must be a flat 1-D float array, got shape {params.shape}")
-    t_eval = np.array(t_eval, dtype=np.float64)
+    t_eval = _float_vector(t_eval)
     if t_eval.ndim != 1 or t_eval.size == 0:
         raise ValueError("t_eval must be a non-empty, finite 1-D array")
     problem = _first_input_problem(y0, t_eval, params)
@@ -1177,14 +1179,34 @@ def _adaptive_arguments(y0, t_eval, params, t0, rtol, atol, first_step, max_step
     t0 = float(t_eval[0]) if t0 is None else float(t0)
     if not math.isfinite(t0) or t_eval[0] < t0:
         raise ValueError(f"t0 must be finite and <= t_eval[0], got {t0}")
-    rtol = _positive(rtol, "rtol")
-    atol = _positive(atol, "atol", allow_zero=True)
-    if rtol < _MIN_RTOL:
+    rtol, atol = float(rtol), float(atol)
+    if not (_MIN_RTOL <= rtol < math.inf and 0.0 <= atol < math.inf):  # comparisons first: calls cost when cold
+        _positive(rtol, "rtol")
+        _positive(atol, "atol", allow_zero=True)
         raise ValueError(f"rtol must be at least 100 machine epsilons, got {rtol}")
     first = 0.0 if first_step is None else _positive(first_step, "first_step")
-    if int(max_steps) < 1:
+    max_steps = int(max_steps)
+    if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    return y0, t0, t_eval, params, rtol, atol, first, int(max_steps), _positive(blowup, "blowup")
+    blowup = float(blowup)
+    if not 0.0 < blowup < math.inf:
+        _positive(blowup, "blowup")
+    return y0, t0, t_eval, params, rtol, atol, first, max_steps, blowup
+
+
+_FLOAT64 = np.dtype(np.float64)
+_NO_PARAMS = np.zeros(0)  # shared: nothing can be written into an empty vector
+
+
+def _float_vector(values) -> np.ndarray:
+    """``values`` as a float64 array of the one type the compiled loops are compiled for (writable, aligned,
+    C-contiguous): the array itself when it already is one, since the loops only read their inputs, else a fresh
+    copy (a read-only or strided input would otherwise be a second type, and so a second compile of the loop)."""
+    if type(values) is np.ndarray and values.dtype is _FLOAT64:
+        flags = values.flags
+        if flags.c_contiguous and flags.writeable and flags.aligned:
+            return values
+    return np.array(values, dtype=np.float64)
 
 
 def _raise_for_adaptive_status(status: int, n_accepted: int, t_stop: float, solver: str, max_steps: int) -> None:

@@ -305,6 +305,36 @@ def test_dopri5_leaves_its_inputs_alone():
     assert sol.t is not t_eval
 
 
+@pytest.mark.parametrize("solver", [solve_dopri5, solve_dop853])
+def test_inputs_of_every_kind_reach_one_compiled_loop(solver):
+    """A float64 vector is passed to the loop as it is (nothing to copy: the loop only reads it); a read-only, strided,
+    integer or list input is copied into one, so every kind gives the same bits and no second compile of the loop."""
+    rhs, _, y0, params, t_end = PROBLEMS["oscillator"]
+    t_eval = np.linspace(0.0, t_end, 9)
+    assert integrate._float_vector(t_eval) is t_eval
+    reference = solver(rhs, y0, t_eval, params, rtol=1e-8, atol=1e-10)
+    frozen = t_eval.copy()
+    frozen.setflags(write=False)
+    strided = np.repeat(t_eval, 2)[::2]
+    core = integrate._dopri5_returning_at if solver is solve_dopri5 else integrate._dop853_returning_at
+    compiled = len(core.signatures)
+    for times in (frozen, strided, list(t_eval)):
+        copied = integrate._float_vector(times)
+        assert copied is not times and copied.flags.writeable and copied.flags.c_contiguous
+        np.testing.assert_array_equal(solver(rhs, y0, times, params, rtol=1e-8, atol=1e-10).y, reference.y)
+    np.testing.assert_array_equal(solver(rhs, [int(v) for v in y0], t_eval, params, rtol=1e-8, atol=1e-10).y,
+                                  solver(rhs, np.array([int(v) for v in y0], float), t_eval, params, rtol=1e-8,
+                                         atol=1e-10).y)
+    assert len(core.signatures) == compiled
+
+
+@pytest.mark.parametrize("option, value", [("rtol", 1e-17), ("rtol", np.nan), ("atol", np.inf), ("blowup", 0.0),
+                                           ("blowup", np.inf), ("first_step", -1.0), ("max_steps", 0)])
+def test_adaptive_options_out_of_range_name_themselves(option, value):
+    with pytest.raises(ValueError, match=option):
+        solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], **{option: value})
+
+
 def test_rhs_of_the_wrong_form_is_a_type_error():
     @njit
     def two_arguments(t, y):
