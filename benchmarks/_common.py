@@ -36,14 +36,19 @@ def cpu_seconds(function: Callable[[], object]) -> float:
 
 def side_by_side(cases: dict[str, Callable[[], object]], repeats: int, warmup: bool = True) -> dict[str, float]:
     """Median CPU seconds per contender. Every contender is called once first (compile or cache load, not
-    counted), then the contenders take turns ``repeats`` times, so drifts of the machine hit all alike."""
+    counted), then the contenders take turns ``repeats`` times, so drifts of the machine hit all alike. Each round
+    starts one contender later than the last: a call runs slower after one that filled the caches with its own code
+    and data, so with a fixed order the first contender would always follow the last (a scipy solve, say) and the
+    others always their cheaper neighbours; rotating, every contender follows every other equally often."""
     if warmup:
         for function in cases.values():
             function()
-    timings: dict[str, list[float]] = {label: [] for label in cases}
-    for _ in range(repeats):
-        for label, function in cases.items():
-            timings[label].append(cpu_seconds(function))
+    labels = list(cases)
+    timings: dict[str, list[float]] = {label: [] for label in labels}
+    for round_ in range(repeats):
+        start = round_ % len(labels)
+        for label in labels[start:] + labels[:start]:
+            timings[label].append(cpu_seconds(cases[label]))
     return {label: statistics.median(values) for label, values in timings.items()}
 
 
