@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -67,6 +68,32 @@ def gemm_rate(m: int, k: int, n: int, repeats: int = 7) -> float:
             np.matmul(a, b, out=out)
         best = min(best, (time.perf_counter() - start) / calls)
     return 2.0 * m * k * n / best
+
+
+def seconds_at_accuracy(points: list[tuple[float, float]], target: float) -> tuple[float, str]:
+    """The CPU time a solver needs to reach error ``target``, read off its work–precision points ``(error,
+    seconds)`` (one per tolerance of a sweep): interpolated linearly in (log error, log seconds) between the two
+    points of the Pareto front (no other point both more accurate and faster) that bracket ``target``.
+
+    Returns ``(seconds, how)``: ``how`` is ``"interpolated"``, ``"not reached"`` (nan: even the tightest tolerance
+    is less accurate than ``target``) or ``"loosest"`` (every point is more accurate than ``target``: the loosest
+    point's time, an upper bound on the time needed, so a ratio against it favours the other solver).
+    """
+    if not points or not target > 0.0:
+        raise ValueError("points must be non-empty and target > 0")
+    front = []  # error increasing, time decreasing
+    for error, seconds in sorted((max(e, 1e-300), s) for e, s in points):
+        if not front or seconds < front[-1][1]:
+            front.append((error, seconds))
+    if target < front[0][0]:
+        return math.nan, "not reached"
+    if target >= front[-1][0]:
+        return front[-1][1], "loosest"
+    for (e1, t1), (e2, t2) in zip(front, front[1:]):
+        if e1 <= target <= e2:
+            weight = math.log(target / e1) / math.log(e2 / e1)
+            return math.exp(math.log(t1) + weight * math.log(t2 / t1)), "interpolated"
+    raise AssertionError("unreachable: the front brackets the target")
 
 
 def emit(title: str, header: list[str], rows: list[list[object]], ratios: dict[str, float], as_json: bool) -> None:

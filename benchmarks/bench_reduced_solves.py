@@ -11,8 +11,15 @@ rtol = atol = 1e-8 by
   message, when numbalsoda is not installed);
 * scipy's ``solve_ivp`` with DOP853 and RK45, calling the same kernel from Python.
 
-Equal accuracy is checked, not assumed: every contender's final state is compared with a reference (scipy DOP853
-at rtol = atol = 1e-13) in units of the tolerance, ``max |y − y_ref| / (atol + rtol |y_ref|)``, and printed.
+Equal tolerances are not equal accuracy: at rtol = atol = 1e-8 a DOP853 solve can be hundreds of times more
+accurate than a DOPRI5 one. Every contender's final state is compared with a reference (scipy DOP853 at
+rtol = atol = 1e-13) in units of the tolerance, ``max |y − y_ref| / (atol + rtol |y_ref|)``, and printed; and the
+compiled contenders are also timed side by side over a sweep of tolerances, rtol = atol = 1e-3 … 1e-11 in half
+decades (a work–precision diagram, ``--plot``). A contender's time *at equal accuracy* is read off its sweep at the
+error attnflow's solve reaches at 1e-8: interpolated in log–log between the two points of its Pareto front that
+bracket that error (``_common.seconds_at_accuracy``). The sweep runs only compiled solvers, one after another, so
+its times are warmer than those of the first table, where every solve may follow a scipy one.
+
 For gd_beta at d = 20 the floor is the time the right-hand side's linear algebra needs at the machine's GEMM rate
 at the d × d × d shape: (three d × d × d products, 6d³ flops, plus eight matrix–vector products, 16d²) × the number
 of evaluations attnflow's solve used. Two rates: ``_common.gemm_rate`` (numpy's matmul called from Python: at
@@ -20,13 +27,17 @@ d = 20 mostly numpy's per-call overhead, a lenient floor) and the rate of ``np.d
 
 Ratios (``--json``): ``<system>_vs_numbalsoda_dop853`` = numbalsoda time / attnflow time (>= 1: attnflow at least
 as fast), ``..._vs_scipy_dop853``, ``..._vs_scipy_rk45`` and ``..._vs_attnflow_dop853`` likewise,
-``<system>_dop853_vs_numbalsoda_dop853`` = numbalsoda time / attnflow DOP853 time (the same method, so equal
-accuracy: compare the error column), ``gd_beta_d20_over_floor`` = attnflow time /
+``<system>_dop853_vs_numbalsoda_dop853`` = numbalsoda time / attnflow DOP853 time (the same method at the same
+tolerance; compare the error column), ``<system>_vs_<contender>_at_equal_accuracy`` = the contender's time at
+the error of attnflow's solve / that solve's time (from the sweep; >= 1: attnflow's solve at least as fast
+at equal accuracy), ``<system>_dop853_vs_numbalsoda_dop853_at_equal_accuracy``
+likewise at the error of attnflow's DOP853 at 1e-8, ``gd_beta_d20_over_floor`` = attnflow time /
 floor (lower is better; ``gd_beta_d20_over_kernel_floor`` against the strict floor). ``--compile`` also measures, in fresh processes, the first solve's CPU time with an empty
 numba cache (``<system>_cold_first_call_seconds``) and in a second process reading that cache
 (``<system>_cached_first_call_seconds``).
 
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python benchmarks/bench_reduced_solves.py [--repeats 5] [--json] [--compile]
+        [--plot work_precision.png]
 """
 from __future__ import annotations
 
@@ -44,12 +55,13 @@ import numpy as np
 from scipy.integrate import solve_ivp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import emit, gemm_rate, parser, side_by_side  # noqa: E402
+from _common import emit, gemm_rate, parser, seconds_at_accuracy, side_by_side  # noqa: E402
 
 from attnflow.dynamics.integrate import solve_dop853, solve_dopri5  # noqa: E402
 
 RTOL = ATOL = 1e-8
 REFERENCE_TOL = 1e-13
+SWEEP = tuple(10.0 ** -np.arange(3.0, 11.01, 0.5))  # tolerances of the work–precision sweep
 SYSTEMS = ("gd_beta_d20", "gd_beta_d5", "scb_flow", "ccmc_fluid", "linear_attention_h3_flow", "group_sparse_flow")
 
 
@@ -160,13 +172,13 @@ def numbalsoda_address(case: Case):
     return f.address
 
 
-def contenders(case: Case) -> dict:
-    span = (float(case.t_eval[0]), float(case.t_eval[-1]))
-    f = python_rhs(case)
-    out = {"attnflow": lambda: case.solve().y,
-           "attnflow_dop853": lambda: solve_dop853(case.rhs, case.y0, case.t_eval, case.params,
-                                                   t0=float(case.t_eval[0]), rtol=RTOL, atol=ATOL,
-                                                   max_steps=10**7).y}
+def solvers(case: Case) -> dict:
+    """The compiled contenders as functions of the tolerance (rtol = atol): attnflow's DOPRI5 as the system calls
+    it, attnflow's DOP853 on the same kernel and numbalsoda's DOP853 (when installed); each returns the states."""
+    out = {"attnflow": lambda tol: case.solve(tol, tol).y,
+           "attnflow_dop853": lambda tol: solve_dop853(case.rhs, case.y0, case.t_eval, case.params,
+                                                       t0=float(case.t_eval[0]), rtol=tol, atol=tol,
+                                                       max_steps=10**7).y}
     try:
         from numbalsoda import dop853
     except ImportError:
@@ -174,16 +186,96 @@ def contenders(case: Case) -> dict:
     else:
         address = numbalsoda_address(case)
 
-        def numbalsoda_dop853():
-            y, ok = dop853(address, case.y0, case.t_eval, data=case.params, rtol=RTOL, atol=ATOL, mxstep=10**8)
+        def numbalsoda_dop853(tol):
+            y, ok = dop853(address, case.y0, case.t_eval, data=case.params, rtol=tol, atol=tol, mxstep=10**8)
             if not ok:
-                raise RuntimeError(f"numbalsoda dop853 failed on {case.name}")
+                raise RuntimeError(f"numbalsoda dop853 failed on {case.name} at tolerance {tol:g}")
             return y
         out["numbalsoda_dop853"] = numbalsoda_dop853
+    return out
+
+
+def contenders(case: Case, compiled: dict) -> dict:
+    """Every contender at rtol = atol = 1e-8: the compiled ones and scipy's solve_ivp from Python."""
+    span = (float(case.t_eval[0]), float(case.t_eval[-1]))
+    f = python_rhs(case)
+    out = {label: (lambda solve=solve: solve(RTOL)) for label, solve in compiled.items()}
     for method in ("DOP853", "RK45"):
         out[f"scipy_{method.lower()}"] = (lambda method=method: solve_ivp(
             f, span, case.y0, method=method, t_eval=case.t_eval, rtol=RTOL, atol=ATOL).y.T)
     return out
+
+
+def work_precision(compiled: dict, reference: np.ndarray, repeats: int) -> dict:
+    """Each compiled contender's (tolerance, final error, CPU seconds) over ``SWEEP``, timed side by side; the
+    error is ``max |y − y_ref| / (1 + |y_ref|)`` of the final state, a measure that does not depend on the
+    tolerance asked for."""
+    cases = {(label, tol): (lambda solve=solve, tol=tol: solve(tol)) for label, solve in compiled.items()
+             for tol in SWEEP}
+    errors = {key: relative_error(np.asarray(function())[-1], reference) for key, function in cases.items()}
+    times = side_by_side(cases, repeats, warmup=False)  # the error pass above was the warm-up
+    return {label: [(tol, errors[label, tol], times[label, tol]) for tol in SWEEP] for label in compiled}
+
+
+def equal_accuracy_rows(name: str, curves: dict, ratios: dict) -> list[list]:
+    """Table rows and ratios comparing contenders at equal accuracy: a contender's time to reach the error of
+    attnflow's solve at 1e-8 (DOPRI5, as the system calls it), read off its sweep, over that solve's time; and
+    numbalsoda's time to reach the error of attnflow's DOP853 at 1e-8, over that solve's time."""
+    rows = []
+    at_tol = {label: next((e, t) for tol, e, t in points if tol == RTOL) for label, points in curves.items()}
+    comparisons = [("attnflow", label) for label in curves if label != "attnflow"]
+    if "numbalsoda_dop853" in curves:
+        comparisons.append(("attnflow_dop853", "numbalsoda_dop853"))
+    for ours, theirs in comparisons:
+        error, seconds = at_tol[ours]
+        needed, how = seconds_at_accuracy([(e, t) for _, e, t in curves[theirs]], error)
+        prefix = name if ours == "attnflow" else f"{name}_dop853"
+        ratios[f"{prefix}_vs_{theirs}_at_equal_accuracy"] = needed / seconds
+        rows.append([name, f"{theirs} at the error of {ours} (1e-8), {how}", needed * 1e3, needed / seconds,
+                     error / RTOL, ""])
+    return rows
+
+
+def relative_error(y_final, reference) -> float:
+    return float(np.max(np.abs(y_final - reference) / (1.0 + np.abs(reference))))
+
+
+def plot_work_precision(curves: dict, targets: dict, path: str) -> None:
+    """One log–log panel per system: CPU time against the final error for each compiled contender over the
+    tolerance sweep, with the system's own solve (DOPRI5 at 1e-8) marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    names = list(curves)
+    columns = min(3, len(names))
+    rows = -(-len(names) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.9 * rows), squeeze=False)
+    styles = {"attnflow": ("C0", "o", "attnflow DOPRI5"), "attnflow_dop853": ("C2", "s", "attnflow DOP853"),
+              "numbalsoda_dop853": ("C3", "^", "numbalsoda DOP853")}
+    for axis, name in zip(axes.flat, names):
+        for label, points in curves[name].items():
+            color, marker, text = styles[label]
+            axis.loglog([max(e, 1e-17) for _, e, _ in points], [t * 1e3 for _, _, t in points], marker=marker,
+                        color=color, label=text, markersize=4, linewidth=1)
+        error, seconds = targets[name]
+        axis.loglog([error], [seconds * 1e3], marker="*", color="k", markersize=13, linestyle="none",
+                    label="the system's solve (1e-8)")
+        axis.axvline(error, color="k", linewidth=0.6, linestyle=":")
+        axis.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        axis.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
+        axis.set_title(name, fontsize=10)
+        axis.set_xlabel("final error  max|y − y_ref| / (1 + |y_ref|)")
+        axis.set_ylabel("CPU ms per solve")
+        axis.grid(True, which="major", linewidth=0.4, alpha=0.5)
+    for axis in axes.flat[len(names):]:
+        axis.set_visible(False)
+    axes.flat[0].legend(fontsize=8)
+    figure.suptitle("Work–precision of the reduced solves: rtol = atol from 1e-3 to 1e-11 (lower left is better)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def final_error(y_final, reference) -> float:
@@ -247,15 +339,17 @@ def main():
     p = parser(__doc__)
     p.add_argument("--compile", action="store_true", help="also time cold and cached first calls in fresh processes")
     p.add_argument("--systems", nargs="*", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--plot", metavar="PNG", help="write the work–precision diagram of the sweep to this file")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(args.child)
         return
-    rows, ratios = [], {}
+    rows, ratios, curves, targets = [], {}, {}, {}
     for name in args.systems:
         case = make_case(name)
-        cases = contenders(case)
+        compiled = solvers(case)
+        cases = contenders(case, compiled)
         reference = solve_ivp(python_rhs(case), (case.t_eval[0], case.t_eval[-1]), case.y0, method="DOP853",
                               t_eval=case.t_eval[-1:], rtol=REFERENCE_TOL, atol=REFERENCE_TOL).y[:, -1]
         errors = {label: final_error(np.asarray(fn())[-1], reference) for label, fn in cases.items()}
@@ -269,6 +363,9 @@ def main():
                 ratios[f"{name}_vs_{label}"] = speedup
         if "numbalsoda_dop853" in times:  # the same method on both sides: equal accuracy (the error column)
             ratios[f"{name}_dop853_vs_numbalsoda_dop853"] = times["numbalsoda_dop853"] / times["attnflow_dop853"]
+        curves[name] = work_precision(compiled, reference, args.repeats)
+        rows.extend(equal_accuracy_rows(name, curves[name], ratios))
+        targets[name] = next((e, t) for tol, e, t in curves[name]["attnflow"] if tol == RTOL)
         if name == "gd_beta_d20":
             floor = gd_beta_floor(n_evals)
             rows.append([name, "floor (_common.gemm_rate)", floor * 1e3, floor / ours, "", ""])
@@ -282,7 +379,9 @@ def main():
                 ratios[f"{name}_cached_first_call_seconds"] = first_call_seconds(name, cache)
             rows.append([name, "first call: cold / cached (s)", ratios[f"{name}_cold_first_call_seconds"],
                          ratios[f"{name}_cached_first_call_seconds"], "", ""])
-    emit("reduced ODE solves, rtol = atol = 1e-8",
+    if args.plot:
+        plot_work_precision(curves, targets, args.plot)
+    emit("reduced ODE solves, rtol = atol = 1e-8; 'equal accuracy' rows from the sweep 1e-3 ... 1e-11",
          ["system", "contender", "ms (CPU)", "attnflow speed-up", "final error / tol", "RHS evals"], rows, ratios,
          args.json)
 

@@ -223,6 +223,25 @@ def test_bench_finds_the_checkout_benchmarks():
     assert {"scb", "one_nn", "group_sparse", "reduced_solves"} <= set(cli.benchmark_scripts())
 
 
+def test_time_at_equal_accuracy_is_read_off_the_pareto_front_in_log_log():
+    """On a power law t = e^(-1/8) (DOP853's cost against its error) the interpolation is exact; dominated points
+    (slower and less accurate) are ignored; targets off the sweep are said to be so."""
+    import importlib.util
+
+    from attnflow.validation import cli
+    spec = importlib.util.spec_from_file_location("bench_common", cli.benchmark_scripts()["scb"].parent / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    points = [(e, e ** -0.125) for e in (1e-12, 1e-10, 1e-8, 1e-6)] + [(1e-7, 100.0), (1e-9, 1e3)]
+    for target in (3e-11, 1e-8, 2e-7):
+        seconds, how = common.seconds_at_accuracy(points, target)
+        assert how == "interpolated" and seconds == pytest.approx(target ** -0.125, rel=1e-12)
+    assert common.seconds_at_accuracy(points, 1e-13)[1] == "not reached"
+    assert common.seconds_at_accuracy(points, 1e-3) == (pytest.approx(1e-6 ** -0.125), "loosest")
+    with pytest.raises(ValueError):
+        common.seconds_at_accuracy(points, 0.0)
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_figure_that_cannot_be_written_is_an_error_not_a_success(tmp_path):
     """A full device accepts the open and fails on the write: the command says so in one line, exit 2."""
