@@ -37,26 +37,46 @@ def record_steps(steps: int, records: int = 40) -> np.ndarray:
 
 
 @njit(cache=True)
-def _logits(E, W, ids, last):
-    Z = E @ W @ E.T  # Z[a, k] = e_a^T W e_k
+def _logits(E, W, ids, last, EW, Z, out):
+    """out[i, t] = Z[x_it, k_i] with Z = E W Eᵀ (Z[a, k] = e_aᵀ W e_k), through the work arrays EW (K × d) and
+    Z (K × K)."""
+    np.dot(E, W, EW)  # the products of E @ W @ E.T, into buffers: the same BLAS calls, compiled in less time
+    np.dot(EW, E.T, Z)
     n, T = ids.shape
-    out = np.empty((n, T))
     for i in range(n):
         for t in range(T):
             out[i, t] = Z[ids[i, t], last[i]]
-    return out
 
 
 @njit(cache=True)
-def _pull_back(E, D, ids, last):
-    """∇_W = E^T G_Z E with G_Z[a, k] = Σ_{x_it = a, k_i = k} D_it (docs/next_token_scc.md §2.2)."""
-    K = E.shape[0]
-    GZ = np.zeros((K, K))
+def _pull_back(E, D, ids, last, GZ, EtG, g):
+    """g = ∇_W = Eᵀ G_Z E with G_Z[a, k] = Σ_{x_it = a, k_i = k} D_it (docs/next_token_scc.md §2.2); GZ (K × K) and
+    EtG (d × K) are work arrays."""
     n, T = ids.shape
+    for a in range(GZ.shape[0]):
+        for k in range(GZ.shape[1]):
+            GZ[a, k] = 0.0
     for i in range(n):
         for t in range(T):
             GZ[ids[i, t], last[i]] += D[i, t]
-    return E.T @ GZ @ E
+    np.dot(E.T, GZ, EtG)
+    np.dot(EtG, E, g)
+
+
+@njit(cache=True)
+def _writable_copies(W0, E):
+    """C-ordered writable copies of W₀ (d × d) and of the embeddings E (K × d): with writable operands the products
+    share numba's compiled np.dot with the other kernels (a read-only operand is another signature, and so another
+    compile)."""
+    W = np.empty(W0.shape)
+    for p in range(W0.shape[0]):
+        for q in range(W0.shape[1]):
+            W[p, q] = W0[p, q]
+    copy = np.empty(E.shape)
+    for a in range(E.shape[0]):
+        for q in range(E.shape[1]):
+            copy[a, q] = E[a, q]
+    return W, copy
 
 
 # Kernels are written with scalar loops rather than array expressions and numpy reductions: the loops compile several
@@ -75,13 +95,13 @@ def _train_kernel(E, ids, last, label_mask, W0, eta, steps, normalise, record):
     log_losses = np.empty(R)
     ones = np.ones(n)
     code = np.int64(LOG_LOSS_CODE)
-    W = np.empty((d, d))
-    for p in range(d):
-        for q in range(d):
-            W[p, q] = W0[p, q]
+    W, E = _writable_copies(W0, E)
+    K = E.shape[0]
+    EW, Z, logit = np.empty((K, d)), np.empty((K, K)), np.empty(ids.shape)
+    GZ, EtG, g = np.empty((K, K)), np.empty((d, K)), np.empty((d, d))
     r = 0
     for k in range(steps + 1):
-        logit = _logits(E, W, ids, last)
+        _logits(E, W, ids, last, EW, Z, logit)
         D, c, loss, log_loss, _ = log_scaled_logit_gradient(logit, label_mask, ones, code)
         if r < R and record[r] == k:
             for p in range(d):
@@ -92,7 +112,7 @@ def _train_kernel(E, ids, last, label_mask, W0, eta, steps, normalise, record):
             r += 1
         if k == steps:
             break
-        g = _pull_back(E, D, ids, last)
+        _pull_back(E, D, ids, last, GZ, EtG, g)
         if normalise:
             gn = 0.0
             for p in range(d):
@@ -123,15 +143,15 @@ def _general_head_kernel(E, ids, last, labels, W0, eta, steps, record):
     n, T = ids.shape
     K, d = E.shape
     R = record.size
-    Gram = E @ E.T
+    W, E = _writable_copies(W0, E)
+    Gram = np.empty((K, K))
+    np.dot(E, E.T, Gram)
     Ws = np.empty((R, d, d))
     losses = np.empty(R)
     ones = np.ones(n)
     code = np.int64(LINEAR_LOSS_CODE)
-    W = np.empty((d, d))
-    for p in range(d):
-        for q in range(d):
-            W[p, q] = W0[p, q]
+    EW, Z, logit = np.empty((K, d)), np.empty((K, K)), np.empty((n, T))
+    GZ, EtG, g = np.empty((K, K)), np.empty((d, K)), np.empty((d, d))
     r = 0
     a = np.empty((n, T))
     s = np.empty(T)
@@ -139,7 +159,7 @@ def _general_head_kernel(E, ids, last, labels, W0, eta, steps, record):
     prob = np.empty(K)
     u = np.empty(K)
     for k in range(steps + 1):
-        logit = _logits(E, W, ids, last)
+        _logits(E, W, ids, last, EW, Z, logit)
         loss = 0.0
         for i in range(n):
             softmax_into(logit[i], s)
@@ -170,7 +190,7 @@ def _general_head_kernel(E, ids, last, labels, W0, eta, steps, record):
             r += 1
         if k == steps:
             break
-        g = _pull_back(E, D, ids, last)
+        _pull_back(E, D, ids, last, GZ, EtG, g)
         gn = 0.0
         for p in range(d):
             for q in range(d):
