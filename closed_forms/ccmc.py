@@ -461,7 +461,8 @@ def diagonal_loser_exponents(P, winner: int) -> np.ndarray:
 def _stationary_law_of_q(f, P, dgesv):
     """π(f) by LAPACK's dgesv at the address ``dgesv`` (:mod:`.lapack`)."""
     K = f.size
-    Z = np.dot(P, f)
+    Z = np.empty(K)
+    np.dot(P, f, Z)  # into a buffer: the BLAS call of np.dot(P, f), compiled once for the other kernels too
     # π solves πᵀ(Q − I) = 0 on the support of f, Σπ = 1; rows a outside the support are transient (π_a = 0).
     A = np.zeros((K, K))
     b = np.zeros(K)
@@ -488,8 +489,9 @@ def _stationary_law_of_q(f, P, dgesv):
 @njit(cache=True)
 def _invasion_rates(f, P, dgesv):
     pi = _stationary_law_of_q(f, P, dgesv)
-    Z = np.dot(P, f)
     K = f.size
+    Z = np.empty(K)
+    np.dot(P, f, Z)
     lam = np.zeros(K)
     for a in range(K):
         if pi[a] > 0:

@@ -70,10 +70,12 @@ def _attention_output(E, W, C, prompts, exclude):
     keys = L - 1 if exclude else L
     s = np.empty(keys)
     value = np.empty(d)
+    q = np.empty(d)
+    output = np.empty(K)
     for i in range(n):
-        q = W @ E[prompts[i, L - 1]]
+        np.dot(W, E[prompts[i, L - 1]], q)  # the BLAS calls of W @ e and C @ value, into buffers
         for j in range(keys):
-            s[j] = E[prompts[i, j]] @ q
+            s[j] = np.dot(E[prompts[i, j]], q)
         softmax_into(s, s)
         for u in range(d):
             value[u] = 0.0
@@ -81,16 +83,18 @@ def _attention_output(E, W, C, prompts, exclude):
             e_j = E[prompts[i, j]]
             for u in range(d):
                 value[u] += s[j] * e_j[u]
-        output = C @ value
+        np.dot(C, value, output)
         for k in range(K):
             out[i, k] = output[k]
     return out
 
 
 def _check_weights(E, W):
+    """Checked E, W and the tied head C = E as writable C-ordered copies: with writable operands the kernels' products
+    share numba's compiled np.dot with the other kernels (a read-only operand is another signature to compile)."""
     E = check.finite_array(E, "E", ndim=2)
     W = check.finite_array(W, "W", shape=(E.shape[1], E.shape[1]))
-    return np.ascontiguousarray(E), np.ascontiguousarray(W), np.ascontiguousarray(tied_head(E))
+    return np.array(E, order="C"), np.array(W, order="C"), np.array(tied_head(E), order="C")
 
 
 def attention_output(E, W, prompts, query: str = "self") -> np.ndarray:
@@ -165,16 +169,18 @@ def _generate_raw(E, W, C, X0, steps, runs, exclude, kernel_seed):
     out = np.empty((runs, L0 + steps), dtype=np.int64)
     value = np.empty(d)
     p = np.empty(K)
+    q = np.empty(d)
+    output = np.empty(K)
     for r in range(runs):
         for j in range(L0):
             out[r, j] = X0[j]
         for t in range(steps):
             L = L0 + t
             keys = L - 1 if exclude else L
-            q = W @ E[out[r, L - 1]]
+            np.dot(W, E[out[r, L - 1]], q)  # W @ e and C @ value as np.dot into buffers: the same BLAS calls
             s = np.empty(keys)
             for j in range(keys):
-                s[j] = E[out[r, j]] @ q
+                s[j] = np.dot(E[out[r, j]], q)
             softmax_into(s, s)
             for u in range(d):
                 value[u] = 0.0
@@ -182,7 +188,7 @@ def _generate_raw(E, W, C, X0, steps, runs, exclude, kernel_seed):
                 e_j = E[out[r, j]]
                 for u in range(d):
                     value[u] += s[j] * e_j[u]
-            output = C @ value
+            np.dot(C, value, output)
             total = 0.0
             for k in range(K):  # np.maximum(output, 0.0): a NaN stays NaN
                 p[k] = 0.0 if output[k] < 0.0 else output[k]
@@ -343,11 +349,12 @@ def _raw_nll_and_gradient(E, W, prompts, y, exclude):
     grad = np.zeros((d, d))
     value = 0.0
     s = np.empty(keys)
+    q = np.empty(d)
     for i in range(n):
         e_a = E[prompts[i, L - 1]]
-        q = W @ e_a
+        np.dot(W, e_a, q)
         for j in range(keys):
-            s[j] = E[prompts[i, j]] @ q
+            s[j] = np.dot(E[prompts[i, j]], q)
         softmax_into(s, s)
         p_y = 0.0
         for j in range(keys):
@@ -399,6 +406,7 @@ def _adam_loop(E, W, P, L, steps, batch, lr, beta1, beta2, eps, average_from, ex
     prompt = np.empty(L, dtype=np.int64)
     weights = np.empty(K)
     s = np.empty(keys)
+    q = np.empty(d)
     n_records = steps // record_every
     losses = np.empty(n_records)
     failed = -1
@@ -421,9 +429,9 @@ def _adam_loop(E, W, P, L, steps, batch, lr, beta1, beta2, eps, average_from, ex
                 total += weights[k]
             y = _categorical(weights, total)
             e_a = E[a]
-            q = W @ e_a
+            np.dot(W, e_a, q)
             for j in range(keys):
-                s[j] = E[prompt[j]] @ q
+                s[j] = np.dot(E[prompt[j]], q)
             softmax_into(s, s)
             p_y = 0.0
             for j in range(keys):
