@@ -636,8 +636,11 @@ def risk_gradient(problem: GDBetaProblem, beta0, Gamma) -> tuple[np.ndarray, np.
     beta0, Gamma = _gd_beta_parameters(problem, beta0, Gamma)
     if beta0.ndim != 1:
         raise ValueError("risk_gradient takes a single (beta0, Gamma), not a batch")
-    dbeta, dGamma = _flow_field(np.ascontiguousarray(beta0), np.ascontiguousarray(Gamma), H, H @ Psi @ H,
-                                float(np.trace(H @ Psi)), problem.beta_star, problem.sigma2, float(problem.N))
+    # writable C-ordered operands: the kernel's products are then the np.dot other kernels compile too (a read-only
+    # operand is another type, and so another compile)
+    dbeta, dGamma = _flow_field(np.array(beta0, order="C"), np.array(Gamma, order="C"), np.array(H, order="C"),
+                                H @ Psi @ H, float(np.trace(H @ Psi)), problem.beta_star,
+                                problem.sigma2, float(problem.N))
     return -dbeta, -dGamma
 
 

@@ -397,11 +397,17 @@ def _population_map_kernel(V, Q, P, Q_star, mu, eta_V, eta_Q, lam):
     N, T = V.shape[0], Q.shape[0]
     a = _mu_inner_kernel(Q, Q, mu)
     b = _mu_inner_kernel(Q_star, Q, mu)
-    Vmu = V @ mu
+    # The products as np.dot into a buffer, with a writable copy of μ: the BLAS calls of V @ μ and of the two dot
+    # products, typed as the other kernels' products are, so numba compiles them once (a read-only μ is another type)
+    mu_copy = np.empty(N)
+    for i in range(N):
+        mu_copy[i] = mu[i]
+    Vmu = np.empty(N)
+    np.dot(V, mu_copy, Vmu)
     n_V = _mu_inner_kernel(V, V, mu)
     p_V = _mu_inner_kernel(V, P, mu)
-    A_V = n_V - Vmu @ Vmu
-    B_V = p_V - Vmu @ mu
+    A_V = n_V - np.dot(Vmu, Vmu)
+    B_V = p_V - np.dot(Vmu, mu_copy)
     V_new = np.empty_like(V)
     for i in range(N):
         for j in range(N):

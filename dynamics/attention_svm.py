@@ -458,9 +458,10 @@ def train_relu_head(problem: AttentionSVMProblem, V, W0, *, eta: float = 0.1, st
     if V.shape[0] != problem.d:
         raise ValueError(f"V must have {problem.d} rows, got shape {V.shape}")
     W0 = check.finite_array(W0, "W0", shape=problem.theta_shape())
+    # X and V writable: their product x_itᵀV is then the np.dot other kernels compile too (read-only is another type)
     Ws, unsat, loss, status, step = _relu_head_kernel(
-        problem.X, problem.Z, np.ascontiguousarray(V), cf.kernel_labels(problem), cf.LOSS_CODE[problem.loss], W0.copy(),
-        eta, steps, record)
+        np.array(problem.X, order="C"), problem.Z, np.array(V, order="C"), cf.kernel_labels(problem),
+        cf.LOSS_CODE[problem.loss], W0.copy(), eta, steps, record)
     info = _check_status(status, step, "normalised GD (nonlinear head)")
     kept = record <= info["stopped_at"] if info["stationary"] else np.ones(record.size, bool)
     return Trajectory(times=record[kept].astype(float), states={"theta": Ws[kept]},
