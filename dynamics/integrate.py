@@ -1119,6 +1119,8 @@ def solve_dopri5(
     t_eval : array_like, shape (n_t,)
         Increasing output times, all ``>= t0``.
     params : array_like, shape (p,), optional
+        Passed to ``rhs`` without a copy when it is a writable C-contiguous float64 vector: ``rhs`` must not write
+        to it (nor to ``y``).
     t0 : float, optional
         Initial time; defaults to ``t_eval[0]``.
     rtol, atol : float
@@ -1179,19 +1181,24 @@ def _adaptive_arguments(y0, t_eval, params, t0, rtol, atol, first_step, max_step
     t0 = float(t_eval[0]) if t0 is None else float(t0)
     if not math.isfinite(t0) or t_eval[0] < t0:
         raise ValueError(f"t0 must be finite and <= t_eval[0], got {t0}")
-    rtol, atol = float(rtol), float(atol)
-    if not (_MIN_RTOL <= rtol < math.inf and 0.0 <= atol < math.inf):  # comparisons first: calls cost when cold
+    # Comparisons first, the error-naming helper only on failure (calls cost when the caches are cold); the order of
+    # the checks is the order in which errors are reported.
+    rtol = float(rtol)
+    if not 0.0 < rtol < math.inf:
         _positive(rtol, "rtol")
+    atol = float(atol)
+    if not 0.0 <= atol < math.inf:
         _positive(atol, "atol", allow_zero=True)
+    if rtol < _MIN_RTOL:
         raise ValueError(f"rtol must be at least 100 machine epsilons, got {rtol}")
     first = 0.0 if first_step is None else _positive(first_step, "first_step")
-    max_steps = int(max_steps)
-    if max_steps < 1:
+    steps = int(max_steps)
+    if steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     blowup = float(blowup)
     if not 0.0 < blowup < math.inf:
         _positive(blowup, "blowup")
-    return y0, t0, t_eval, params, rtol, atol, first, max_steps, blowup
+    return y0, t0, t_eval, params, rtol, atol, first, steps, blowup
 
 
 _FLOAT64 = np.dtype(np.float64)
@@ -1200,9 +1207,10 @@ _NO_PARAMS = np.zeros(0)  # shared: nothing can be written into an empty vector
 
 def _float_vector(values) -> np.ndarray:
     """``values`` as a float64 array of the one type the compiled loops are compiled for (writable, aligned,
-    C-contiguous): the array itself when it already is one, since the loops only read their inputs, else a fresh
-    copy (a read-only or strided input would otherwise be a second type, and so a second compile of the loop)."""
-    if type(values) is np.ndarray and values.dtype is _FLOAT64:
+    C-contiguous): the array itself when it already is one, else a fresh copy (a read-only or strided input would
+    otherwise be a second type, and so a second compile of the loop). The loops copy ``y0`` and only read
+    ``t_eval``; ``params`` reaches the right-hand side as given, which must not write to it."""
+    if type(values) is np.ndarray and values.dtype == _FLOAT64:
         flags = values.flags
         if flags.c_contiguous and flags.writeable and flags.aligned:
             return values

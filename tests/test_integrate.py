@@ -335,6 +335,15 @@ def test_adaptive_options_out_of_range_name_themselves(option, value):
         solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], **{option: value})
 
 
+def test_adaptive_options_are_checked_in_order_and_quoted_as_given():
+    with pytest.raises(ValueError, match="rtol must be finite and > 0"):
+        solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], rtol=-1.0, atol=None)
+    with pytest.raises(ValueError, match="atol must be finite"):
+        solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], rtol=1e-17, atol=-1.0)
+    with pytest.raises(ValueError, match="got 0.5"):
+        solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], max_steps=0.5)
+
+
 def test_rhs_of_the_wrong_form_is_a_type_error():
     @njit
     def two_arguments(t, y):
