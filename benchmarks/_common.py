@@ -38,18 +38,18 @@ def cpu_seconds(function: Callable[[], object]) -> float:
 def side_by_side(cases: dict[str, Callable[[], object]], repeats: int, warmup: bool = True) -> dict[str, float]:
     """Median CPU seconds per contender. Every contender is called once first (compile or cache load, not
     counted), then the contenders take turns ``repeats`` times, so drifts of the machine hit all alike. Each round
-    starts one contender later than the last: a call runs slower after one that filled the caches with its own code
-    and data, so with a fixed order the first contender would always follow the last (a scipy solve, say) and the
-    others always their cheaper neighbours; rotating, every contender follows every other equally often."""
+    takes them in a new random order (seeded: the same orders every run): a call runs slower after one that filled
+    the caches with its own code and data, and in a fixed order, or a rotation of it, each contender would always
+    follow the same neighbour (the first of a table, say, always the scipy solve at its end)."""
     if warmup:
         for function in cases.values():
             function()
     labels = list(cases)
+    orders = np.random.default_rng(np.random.SeedSequence(0))
     timings: dict[str, list[float]] = {label: [] for label in labels}
-    for round_ in range(repeats):
-        start = round_ % len(labels)
-        for label in labels[start:] + labels[:start]:
-            timings[label].append(cpu_seconds(cases[label]))
+    for _ in range(repeats):
+        for index in orders.permutation(len(labels)):
+            timings[labels[index]].append(cpu_seconds(cases[labels[index]]))
     return {label: statistics.median(values) for label, values in timings.items()}
 
 
@@ -75,9 +75,9 @@ def seconds_at_accuracy(points: list[tuple[float, float]], target: float) -> tup
     seconds)`` (one per tolerance of a sweep): interpolated linearly in (log error, log seconds) between the two
     points of the Pareto front (no other point both more accurate and faster) that bracket ``target``.
 
-    Returns ``(seconds, how)``: ``how`` is ``"interpolated"``, ``"not reached"`` (nan: even the tightest tolerance
-    is less accurate than ``target``) or ``"loosest"`` (every point is more accurate than ``target``: the loosest
-    point's time, an upper bound on the time needed, so a ratio against it favours the other solver).
+    Returns ``(seconds, how)``: ``how`` is ``"interpolated"``, ``"not reached"`` (nan: no point is as accurate as
+    ``target``) or ``"loosest"`` (every point of the front is more accurate than ``target``: the time of the
+    front's fastest point, an upper bound on the time needed, so a ratio against it favours the other solver).
     """
     if not points or not target > 0.0:
         raise ValueError("points must be non-empty and target > 0")
