@@ -63,22 +63,6 @@ def _pull_back(E, D, ids, last, GZ, EtG, g):
     np.dot(EtG, E, g)
 
 
-@njit(cache=True)
-def _writable_copies(W0, E):
-    """C-ordered writable copies of W₀ (d × d) and of the embeddings E (K × d): with writable operands the products
-    share numba's compiled np.dot with the other kernels (a read-only operand is another signature, and so another
-    compile)."""
-    W = np.empty(W0.shape)
-    for p in range(W0.shape[0]):
-        for q in range(W0.shape[1]):
-            W[p, q] = W0[p, q]
-    copy = np.empty(E.shape)
-    for a in range(E.shape[0]):
-        for q in range(E.shape[1]):
-            copy[a, q] = E[a, q]
-    return W, copy
-
-
 # Kernels are written with scalar loops rather than array expressions and numpy reductions: the loops compile several
 # times faster and do the same floating-point operations in the same order (numba's sum and max are left-to-right).
 # The shared log-scaled kernel gets its loss code as np.int64 (a bare global would be typed as a literal and compile
@@ -95,7 +79,10 @@ def _train_kernel(E, ids, last, label_mask, W0, eta, steps, normalise, record):
     log_losses = np.empty(R)
     ones = np.ones(n)
     code = np.int64(LOG_LOSS_CODE)
-    W, E = _writable_copies(W0, E)
+    W = np.empty((d, d))
+    for p in range(d):
+        for q in range(d):
+            W[p, q] = W0[p, q]
     K = E.shape[0]
     EW, Z, logit = np.empty((K, d)), np.empty((K, K)), np.empty(ids.shape)
     GZ, EtG, g = np.empty((K, K)), np.empty((d, K)), np.empty((d, d))
@@ -143,13 +130,16 @@ def _general_head_kernel(E, ids, last, labels, W0, eta, steps, record):
     n, T = ids.shape
     K, d = E.shape
     R = record.size
-    W, E = _writable_copies(W0, E)
     Gram = np.empty((K, K))
     np.dot(E, E.T, Gram)
     Ws = np.empty((R, d, d))
     losses = np.empty(R)
     ones = np.ones(n)
     code = np.int64(LINEAR_LOSS_CODE)
+    W = np.empty((d, d))
+    for p in range(d):
+        for q in range(d):
+            W[p, q] = W0[p, q]
     EW, Z, logit = np.empty((K, d)), np.empty((K, K)), np.empty((n, T))
     GZ, EtG, g = np.empty((K, K)), np.empty((d, K)), np.empty((d, d))
     r = 0
@@ -223,6 +213,12 @@ def _status(status: int, step: int, what: str) -> dict:
     return dict(stopped_at=int(step), stationary=status == 2)
 
 
+def _writable(E) -> np.ndarray:
+    """The embeddings as a writable C-ordered copy: the kernels' products E W Eᵀ and Eᵀ G_Z E then share numba's
+    compiled np.dot with the other kernels (a read-only operand is another signature, and so another compile)."""
+    return np.array(E, order="C")
+
+
 def initial_W(problem: NTPProblem, *, seed: seeding.SeedLike, scale: float = 1.0) -> np.ndarray:
     """W_0 with entries U(−scale/√d, scale/√d): a torch linear layer's default at scale 1 (§2.3)."""
     scale = check.real(scale, "scale", minimum=0.0)
@@ -237,7 +233,7 @@ def train(problem: NTPProblem, W0, *, eta: float = 1.0, steps: int = 2000, norma
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     record = _record(steps, records, record)
     W0 = check.finite_array(W0, "W0", shape=(problem.d, problem.d))
-    Ws, loss, log_loss, status, step = _train_kernel(problem.E, problem.ids, problem.last,
+    Ws, loss, log_loss, status, step = _train_kernel(_writable(problem.E), problem.ids, problem.last,
                                                      np.array(problem.label_mask),  # writable: see the kernels
                                                      W0.copy(), eta, int(record[-1]), bool(normalise), record)
     info = _status(status, step, "normalised GD" if normalise else "GD")
@@ -254,8 +250,8 @@ def train_general_head(problem: NTPProblem, W0, *, eta: float = 0.1, steps: int 
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     record = _record(steps, records, record)
     W0 = check.finite_array(W0, "W0", shape=(problem.d, problem.d))
-    Ws, loss, status, step = _general_head_kernel(problem.E, problem.ids, problem.last, problem.labels, W0.copy(),
-                                                  eta, int(record[-1]), record)
+    Ws, loss, status, step = _general_head_kernel(_writable(problem.E), problem.ids, problem.last, problem.labels,
+                                                  W0.copy(), eta, int(record[-1]), record)
     info = _status(status, step, "normalised GD (general head)")
     kept = record <= info["stopped_at"]
     return Trajectory(times=record[kept].astype(float), states={"W": Ws[kept]}, metrics={"loss": loss[kept]},
