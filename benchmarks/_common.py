@@ -24,8 +24,16 @@ def parser(doc: str) -> argparse.ArgumentParser:
     """An argument parser with the flags every benchmark takes."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print a JSON object of named ratios (table on stderr)")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats per contender (median CPU time)")
+    p.add_argument("--repeats", type=_at_least_one, default=5,
+                   help="interleaved repeats per contender (median CPU time)")
     return p
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def cpu_seconds(function: Callable[[], object]) -> float:
