@@ -93,13 +93,14 @@ def test_guide_table_pick_is_the_inverse_cdf_exactly():
         assert laws[row][picks].min() > 0  # trailing zero categories are cut off by setting their cdf to 1
 
 
-def test_minibatch_kernel_matches_a_brute_force_sampler_of_the_raw_data_model():
+@pytest.mark.parametrize("N, T", [(4, 6), (2, 40)])  # rows of Y built one at a time, and in pairs (T >= 16N)
+def test_minibatch_kernel_matches_a_brute_force_sampler_of_the_raw_data_model(N, T):
     """Per-sample gradients from numpy's inverse-CDF sampler (rng.choice on μ, q*⁽ᵏ⁾ and Pe_{x_s}) and the raw
     definitions (r = e_o − Vy, ∇_V = −r yᵀ, ∇_{q⁽ᵏ⁾} = −XᵀVᵀr), against the kernel's batch means: every entry within
     a Bonferroni z bound at family-wise level 1e-3, with a variance ratio check, and a biased sampler caught."""
-    problem = cf.SCBProblem.random(4, 6, 2, seed=5)
-    V = np.random.default_rng(0).normal(size=(4, 4))
-    Q = np.random.default_rng(1).dirichlet(np.ones(6), size=4).T
+    problem = cf.SCBProblem.random(N, T, 2, seed=5)
+    V = np.random.default_rng(0).normal(size=(N, N))
+    Q = np.random.default_rng(1).dirichlet(np.ones(T), size=N).T
     n = 60_000
     reference = _brute_force_gradients(problem, V, Q, n, np.random.default_rng(11))
     batches = 60
@@ -137,10 +138,12 @@ def _brute_force_gradients(problem, V, Q, n, rng, mu=None):
     return out
 
 
+@pytest.mark.parametrize("N, T", [(6, 10), (2, 40)])
 @pytest.mark.parametrize("chunk", [1, 7, 1000])
-def test_minibatch_kernel_draws_do_not_depend_on_the_chunk(chunk):
-    """The draws are the same whatever the chunk; only the order of additions in the sums changes."""
-    problem = cf.SCBProblem.random(6, 10, 2, seed=1)
+def test_minibatch_kernel_draws_do_not_depend_on_the_chunk(chunk, N, T):
+    """The draws are the same whatever the chunk; only the order of additions in the sums changes. An odd chunk
+    leaves one row to build alone where rows are built in pairs (T >= 16N)."""
+    problem = cf.SCBProblem.random(N, T, 2, seed=1)
     V, Q = cf.line_point(problem, 0.4, 0.3)
     ref = dyn.minibatch_gradients(problem, V, Q, 500, seed=4)
     other = dyn.minibatch_gradients(problem, V, Q, 500, seed=4, chunk=chunk)
@@ -148,3 +151,24 @@ def test_minibatch_kernel_draws_do_not_depend_on_the_chunk(chunk):
         np.testing.assert_allclose(other[name], ref[name], rtol=1e-12, atol=1e-14)
     again = dyn.minibatch_gradients(problem, V, Q, 500, seed=4)
     assert all(np.array_equal(again[name], ref[name]) for name in ref)
+
+
+def test_rows_built_in_pairs_are_the_rows_built_alone():
+    """y_b = Σ_t q_t e_{x_t}, two rows at once: the same additions in the same order, so the same bits, including
+    rows with repeated tokens and rows that share their token list."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 3, size=(2, 257)).astype(np.int32)
+    q = rng.normal(size=(2, 257))
+    alone = np.zeros((2, 3))
+    for b in range(2):
+        dyn._add_context(alone[b], x[b], q[b])
+    paired = np.zeros((2, 3))
+    dyn._add_context_pair(paired[0], x[0], q[0], paired[1], x[1], q[1])
+    assert np.array_equal(paired, alone)
+    assert np.array_equal(alone[0], [q[0][x[0] == i].cumsum()[-1] for i in range(3)])  # the sum in the order of t
+    shared = np.zeros((2, 3))
+    dyn._add_context_pair(shared[0], x[0], q[0], shared[1], x[0], q[1])
+    expected = np.zeros((2, 3))
+    dyn._add_context(expected[0], x[0], q[0])
+    dyn._add_context(expected[1], x[0], q[1])
+    assert np.array_equal(shared, expected)
