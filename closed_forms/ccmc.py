@@ -279,8 +279,15 @@ def nll_gradient_theta(Theta, prompts, y, query: str = "self", weights=None) -> 
 
 def nll_and_gradient_kernel(Theta, counts, last, y, weights):
     """The numba kernel behind :func:`nll_theta` for callers that hold validated sufficient statistics (the MLE
-    loop): ``(value, gradient)``."""
-    return _nll_and_gradient(Theta, counts, last, y, weights)
+    loop): ``(value, gradient)``. Θ and the weights reach the kernel as read-only C-ordered float64 copies, as they
+    do from :func:`nll_theta`: a writable array is another signature, and so a second compilation of the kernel."""
+    return _nll_and_gradient(_read_only_copy(Theta), counts, last, y, _read_only_copy(weights))
+
+
+def _read_only_copy(values) -> np.ndarray:
+    array = np.array(values, dtype=np.float64, order="C")
+    array.setflags(write=False)
+    return array
 
 
 def all_prompts(K: int, L: int) -> np.ndarray:

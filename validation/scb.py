@@ -481,7 +481,7 @@ def proximal_beats_sgd(seed, T, stage1, steps, batch, lam, sgd_etas, seeds):
         fig, (ax, ax_end) = plots.figure(ncols=2)
         scale = math.sqrt(problem.K_Q)
         colours = {"proximal": "tab:green", **{f"sgd η={eta:g}": c for eta, c in zip(sgd_etas, ("tab:red", "tab:orange"))}}
-        names = {"proximal": f"Algorithm 1 (proximal, $\\lambda$ = {lam:g}), normalised",
+        names = {"proximal": f"Algorithm 1 (proximal, $\\lambda$ = {lam:.3g}), normalised",
                  **{f"sgd η={eta:g}": f"SGD, $\\eta$ = {eta:g}" for eta in sgd_etas}}
         for (s, name), run in runs.items():
             if name == "stage1":
