@@ -250,6 +250,19 @@ def test_critical_batch_walk_finds_each_seeds_first_success_and_flags_censoring(
     assert censored
 
 
+def test_grid_slack_is_one_grid_step_over_the_range():
+    """Moving the first success at the largest x up by one grid step (a factor √2) changes the exponent through
+    the two ends by exactly the slack: log √2 / log(64) = 1/12 over T = 16…1024."""
+    from attnflow.validation.batch_search import BATCH_GRID_RATIO, grid_slack
+
+    Ts = [16, 64, 256, 1024]
+    assert grid_slack(Ts) == pytest.approx(1 / 12, rel=1e-14)
+    batches = np.array([100.0, 1600.0])
+    moved = batches * [1.0, BATCH_GRID_RATIO]
+    slope = np.diff(np.log(batches)) / math.log(1024 / 16)
+    assert np.diff(np.log(moved)) / math.log(1024 / 16) - slope == pytest.approx(grid_slack(Ts), rel=1e-12)
+
+
 def test_critical_batch_counts_a_diverged_run_as_a_failure_of_every_criterion():
     from attnflow.validation.batch_search import first_successes
 

@@ -16,9 +16,16 @@ from attnflow import seeding
 from attnflow.dynamics import progress
 from attnflow.dynamics.errors import DivergenceError, StageFailure
 
-__all__ = ["BATCH_GRID_RATIO", "first_successes", "critical_batch_curve"]
+__all__ = ["BATCH_GRID_RATIO", "grid_slack", "first_successes", "critical_batch_curve"]
 
 BATCH_GRID_RATIO = math.sqrt(2)  # the ascending batch grid of the critical-batch search
+
+
+def grid_slack(xs) -> float:
+    """How far the grid's quantisation alone can move a fitted exponent of batch in x: a first success is known only
+    up to one grid step (a factor ``BATCH_GRID_RATIO``), which over the range of ``xs`` is a change of slope of
+    log(ratio) / log(max x / min x). Exponent intervals are widened by it on both sides."""
+    return math.log(BATCH_GRID_RATIO) / math.log(max(xs) / min(xs))
 
 
 def first_successes(success, seeds, start: int, max_batch: int, n_criteria: int = 1) -> tuple[np.ndarray, bool]:

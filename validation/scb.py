@@ -811,7 +811,7 @@ def critical_batch(seed, Ts, vanilla_Ts, seeds, c1, tracking, residual, steps, l
     critical = {name: np.quantile(values, quantile, axis=1, method="inverted_cdf") for name, (_, values) in curves.items()}
     # The grid quantises each critical batch to a factor √2 from above, so an exponent over T_max/T_min can be off
     # by log √2 / log(T_max/T_min) on top of the seed noise.
-    slack = {name: math.log(batch_search.BATCH_GRID_RATIO) / math.log(max(grid) / min(grid)) for name, (grid, _) in curves.items()}
+    slack = {name: batch_search.grid_slack(grid) for name, (grid, _) in curves.items()}
     names = list(curves)
     log_slope = _log_slope(Ts)
     stage1_fit, prox_fit, vanilla_fit = fits[names[0]], fits[names[2]], fits[names[3]]
@@ -899,7 +899,7 @@ def transfer_growth_verdict(Ts, first, max_batch: int, *, seed) -> dict:
         raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
     first = np.asarray(first, float)
     fit = fit_exponent(Ts, first, quantile=0.5, seed=seed)
-    slack = math.log(batch_search.BATCH_GRID_RATIO) / math.log(max(Ts) / min(Ts))
+    slack = batch_search.grid_slack(Ts)
     median = np.quantile(first, 0.5, axis=1, method="inverted_cdf")
     median_censored = bool(np.any(median > max_batch))
     return dict(fit=fit, low=fit.low - slack, high=fit.high + slack, median=median,
@@ -1216,7 +1216,7 @@ def critical_batch_from_band(seed, Ts, seeds, c1, tracking, residual, n_contexts
     # The exponent of the mean first success over seeds (delta-method t, as scb.critical_batch's sibling claims),
     # widened by the grid's quantisation log √2 / log(T_max/T_min); the band's B_crit is one number per T.
     fit = fit_exponent_t(np.array(Ts, float), first[0], level=EXPONENT_LEVEL)
-    slack = math.log(batch_search.BATCH_GRID_RATIO) / math.log(max(Ts) / min(Ts))
+    slack = batch_search.grid_slack(Ts)
     band_exponent = float(np.polyfit(np.log(Ts), np.log(predicted), 1)[0])
     passed = (fit.low - slack <= band_exponent <= fit.high + slack) and not censored
 
