@@ -279,9 +279,8 @@ def lsa_gap(seed, beta_norms, N, n_prompts):
         rows.append(dict(beta_norm_H=norm, R_star=R_star, inf_LSA=lsa.risk, gap=lsa.risk - R_star,
                          gd0_gap=cf.gd0_optimal_risk(problem) - R_star,
                          first_order_gd0=(problem.d + 1) * norm**2 / N))
-    # Sample the optimal LSA at the largest ‖β*‖: closed-form reduction vs brute force.
-    problem = example_problem(beta_norms[-1], N=N)
-    lsa = cf.optimal_attention_risk(problem, mlp=False)
+    # Sample the optimal LSA at the largest ‖β*‖ (the loop's last problem and optimum): closed-form reduction vs
+    # brute force.
     d = problem.d
     Q, q = lsa.W[:, :d].T, lsa.W[:, d]
     mc = dyn.monte_carlo_risk(
