@@ -79,7 +79,7 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     N, T = V.shape[0], Q.shape[0]
     C = min(chunk, batch)
     uniforms = np.empty(C * (T + 3))  # per sample, in order: x₁…x_T, k, s, o
-    X = np.empty((C, T), np.int32)  # token ids: half the memory traffic of int64
+    X = np.empty((C, T), np.uint32)  # token ids: half the memory traffic of int64; unsigned, so no wraparound
     ks = np.empty(C, np.int64)
     labels = np.empty(C, np.int64)
     Y = np.zeros((C, N))

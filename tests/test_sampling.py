@@ -157,7 +157,7 @@ def test_rows_built_in_pairs_are_the_rows_built_alone():
     """y_b = Σ_t q_t e_{x_t}, two rows at once: the same additions in the same order, so the same bits, including
     rows with repeated tokens and rows that share their token list."""
     rng = np.random.default_rng(7)
-    x = rng.integers(0, 3, size=(2, 257)).astype(np.int32)
+    x = rng.integers(0, 3, size=(2, 257)).astype(np.uint32)  # the kernel's token type
     q = rng.normal(size=(2, 257))
     alone = np.zeros((2, 3))
     for b in range(2):
