@@ -61,13 +61,13 @@ def gemm_floor_seconds_per_sample(N: int) -> float:
 
 
 @njit(cache=True)
-def _draw_only(state, uniforms, prob, choices, rounds):
-    """``rounds`` × len(uniforms) alias picks from fresh uniforms: the sampler's cost with nothing else."""
+def _draw_only(state, picks, prob, choices, rounds):
+    """``rounds`` × len(picks) alias picks of fresh uniforms, drawn as the kernel draws a context's tokens
+    (:func:`attnflow.dynamics.sampling.alias_picks`): the sampler's cost with nothing else."""
     total = 0
     for _ in range(rounds):
-        sampling.fill_uniforms(state, uniforms)
-        for u in uniforms:
-            total += sampling.alias_pick(u, prob, choices)
+        sampling.alias_picks(state, prob, choices, picks)
+        total += picks[0]
     return total
 
 
@@ -75,12 +75,12 @@ def seconds_per_draw(mu, repeats: int) -> float:
     """CPU seconds of one uniform plus one alias pick from the law ``mu`` (the instance's own: a uniform law would
     hide the cost of an unpredictable choice), the median of ``repeats`` timings."""
     prob, choices = sampling.alias_table(mu)
-    uniforms = np.empty(4096)
+    picks = np.empty(4096, np.uint32)
     rounds = 256
     with np.errstate(over="ignore"):
         state = generator_state(0)
-        times = side_by_side({"draws": lambda: _draw_only(state, uniforms, prob, choices, rounds)}, repeats)
-    return times["draws"] / (rounds * uniforms.size)
+        times = side_by_side({"draws": lambda: _draw_only(state, picks, prob, choices, rounds)}, repeats)
+    return times["draws"] / (rounds * picks.size)
 
 
 def main(argv=None):

@@ -78,7 +78,7 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     mu_prob, mu_choices, Qs_cdf, Qs_guide, P_cdf, P_guide = tables
     N, T = V.shape[0], Q.shape[0]
     C = min(chunk, batch)
-    uniforms = np.empty(C * (T + 3))  # per sample, in order: x₁…x_T, k, s, o
+    u = np.empty(3)  # the uniforms of k, s and o, drawn after those of x₁…x_T
     X = np.empty((C, T), np.uint32)  # token ids: half the memory traffic of int64; unsigned, so no wraparound
     ks = np.empty(C, np.int64)
     labels = np.empty(C, np.int64)
@@ -107,15 +107,13 @@ def _batch_gradients(V, Q, mu, tables, state, batch, chunk):
     done = 0
     while done < batch:
         c = min(C, batch - done)
-        sampling.fill_uniforms(state, uniforms[:c * (T + 3)])
         for b in range(c):
             x = X[b]
-            u = uniforms[b * (T + 3):(b + 1) * (T + 3)]
-            for t in range(T):
-                x[t] = sampling.alias_pick(u[t], mu_prob, mu_choices)
-            k = sampling.alias_pick(u[T], mu_prob, mu_choices)
-            s = sampling.guided_pick(u[T + 1], Qs_cdf[k], Qs_guide[k])
-            o = sampling.guided_pick(u[T + 2], P_cdf[x[s]], P_guide[x[s]])
+            sampling.alias_picks(state, mu_prob, mu_choices, x)
+            sampling.fill_uniforms(state, u)
+            k = sampling.alias_pick(u[0], mu_prob, mu_choices)
+            s = sampling.guided_pick(u[1], Qs_cdf[k], Qs_guide[k])
+            o = sampling.guided_pick(u[2], P_cdf[x[s]], P_guide[x[s]])
             ks[b] = k
             labels[b] = o
             if not paired:

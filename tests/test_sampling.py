@@ -82,6 +82,23 @@ def test_alias_pick_is_walkers_rule_exactly():
         assert sampling.alias_pick(edge, prob, choices) == walker(np.array([edge]))[0]
 
 
+def test_fused_alias_picks_are_the_picks_of_the_uniforms_in_order():
+    """alias_picks draws each uniform and picks at once: the same picks as alias_pick on fill_uniforms' uniforms,
+    and the generator left where fill_uniforms leaves it, however the draws are split."""
+    prob, choices = sampling.alias_table(LAW)
+    expected = _alias_sample(generator_state(4), prob, choices, 10_001)
+    state = generator_state(4)
+    parts = [np.empty(n, np.uint32) for n in (1, 5_000, 5_000)]
+    for part in parts:
+        sampling.alias_picks(state, prob, choices, part)
+    assert np.array_equal(np.concatenate(parts), expected)
+    after = np.empty(1)
+    sampling.fill_uniforms(state, after)
+    reference = np.empty(10_002)
+    sampling.fill_uniforms(generator_state(4), reference)
+    assert after[0] == reference[-1]
+
+
 def test_guide_table_pick_is_the_inverse_cdf_exactly():
     laws = np.stack([LAW, np.full(8, 1 / 8), np.eye(8)[3]])
     cdf, guide = sampling.guide_tables(laws)
