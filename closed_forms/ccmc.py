@@ -279,12 +279,15 @@ def nll_gradient_theta(Theta, prompts, y, query: str = "self", weights=None) -> 
 
 def nll_and_gradient_kernel(Theta, counts, last, y, weights):
     """The numba kernel behind :func:`nll_theta` for callers that hold validated sufficient statistics (the MLE
-    loop): ``(value, gradient)``. Θ and the weights reach the kernel as read-only C-ordered float64 copies, as they
-    do from :func:`nll_theta`: a writable array is another signature, and so a second compilation of the kernel."""
-    return _nll_and_gradient(_read_only_copy(Theta), counts, last, y, _read_only_copy(weights))
+    loop): ``(value, gradient)``. The statistics must be of the kinds :func:`nll_theta` passes (writable C-ordered
+    int64 ``counts``, ``last`` and ``y``; read-only C-ordered float64 ``weights``, see :func:`read_only_copy`):
+    another kind of array is another signature, and so a second compilation of the kernel. Θ, which changes at every
+    call, is copied here to the read-only C-ordered float64 array :func:`nll_theta` passes."""
+    return _nll_and_gradient(read_only_copy(Theta), counts, last, y, weights)
 
 
-def _read_only_copy(values) -> np.ndarray:
+def read_only_copy(values) -> np.ndarray:
+    """A read-only C-ordered float64 copy of ``values``: the kind of array :func:`nll_and_gradient_kernel` takes."""
     array = np.array(values, dtype=np.float64, order="C")
     array.setflags(write=False)
     return array

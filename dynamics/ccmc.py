@@ -317,7 +317,7 @@ def fit_mle(problem: CCMCProblem, prompts, y, *, method: str = "newton", toleran
     counts = cf.key_counts(prompts, K, problem.query)
     prompts = np.asarray(prompts)
     last = np.ascontiguousarray(prompts[:, -1], dtype=np.int64)
-    y = np.asarray(y, dtype=np.int64)
+    y = np.array(y, dtype=np.int64)  # a writable copy, as nll_theta passes: one compiled kernel for both
     if y.shape != last.shape or np.any(counts[np.arange(y.size), y] == 0):
         raise ValueError("y must hold one key token of its prompt per prompt")
     if method not in ("newton", "lbfgs"):
@@ -330,8 +330,10 @@ def fit_mle(problem: CCMCProblem, prompts, y, *, method: str = "newton", toleran
         # No finite maximiser (a key token of some row is never its label, so that logit runs to −∞, typical at
         # small n): Newton creeps along the unbounded direction; L-BFGS below stops at its tolerance instead.
 
+    sample_weights = cf.read_only_copy(weights * y.size)
+
     def objective(theta):
-        value, gradient = cf.nll_and_gradient_kernel(theta.reshape(K, K), counts, last, y, weights * y.size)
+        value, gradient = cf.nll_and_gradient_kernel(theta.reshape(K, K), counts, last, y, sample_weights)
         return value, gradient.ravel()
 
     result = optimize.minimize(objective, np.zeros(K * K), jac=True, method="L-BFGS-B",

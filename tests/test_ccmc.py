@@ -133,7 +133,11 @@ def test_mle_newton_and_lbfgs_agree_and_are_stationary():
     lbfgs = dyn.fit_mle(problem, prompts, y, method="lbfgs")
     assert np.abs(newton - lbfgs).max() < 1e-5
     assert np.abs(cf.nll_gradient_theta(newton, prompts, y)).max() < 1e-10
-    # L-BFGS's writable iterates and nll_theta's read-only copies reach one compiled kernel, not two
+    # L-BFGS's writable iterates and nll_gradient_theta's read-only copies reach one compiled kernel, not two, even
+    # from read-only labels
+    read_only_y = np.array(y)
+    read_only_y.setflags(write=False)
+    dyn.fit_mle(problem, prompts, read_only_y, method="lbfgs")
     assert len(cf._nll_and_gradient.signatures) == 1
 
 
