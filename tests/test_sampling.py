@@ -80,6 +80,10 @@ def test_alias_pick_is_walkers_rule_exactly():
     assert np.array_equal(_alias_sample(generator_state(3), prob, choices, u.size), walker(u))
     for edge in (0.0, 0.5, 1 - 2**-53):
         assert sampling.alias_pick(edge, prob, choices) == walker(np.array([edge]))[0]
+    five = np.array([0.1, 0.0, 0.4, 0.2, 0.3])  # n not a power of two: u·n rounds below n at the top edge too
+    prob5, choices5 = sampling.alias_table(five)
+    top = sampling.alias_pick(1 - 2**-53, prob5, choices5)
+    assert five[top] > 0 and top in (4, choices5[4, 0])
 
 
 def test_fused_alias_picks_are_the_picks_of_the_uniforms_in_order():
