@@ -1010,8 +1010,16 @@ def _first_input_problem(y0, t_eval, params):
     return 0
 
 
+def _real(value, name: str) -> float:
+    """``value`` as a float; a ValueError naming ``name`` when it is not a real number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+
+
 def _positive(value, name: str, allow_zero: bool = False) -> float:
-    value = float(value)
+    value = _real(value, name)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {bound}, got {value}")
@@ -1165,47 +1173,57 @@ def _adaptive_arguments(y0, t_eval, params, t0, rtol, atol, first_step, max_step
     loop (see :func:`solve_dopri5`); raises ValueError naming the parameter."""
     # The shapes here, the values in one compiled pass (numpy's checks cost more than a small solve). A solve's
     # Python path is most of its cost when the caches are cold, so the common case (float64 vectors) copies nothing.
-    y0 = _float_vector(y0)
+    y0 = _float_vector(y0, "y0")
     if y0.ndim != 1 or y0.size == 0:
         raise ValueError(f"y0 must be a non-empty 1-D array, got shape {y0.shape}")
-    params = _NO_PARAMS if params is None else _float_vector(params)
+    params = _NO_PARAMS if params is None else _float_vector(params, "params")
     if params.ndim != 1:
         raise ValueError(f"params must be a flat 1-D float array, got shape {params.shape}")
-    t_eval = _float_vector(t_eval)
+    t_eval = _float_vector(t_eval, "t_eval")
     if t_eval.ndim != 1 or t_eval.size == 0:
         raise ValueError("t_eval must be a non-empty, finite 1-D array")
     problem = _first_input_problem(y0, t_eval, params)
     if problem:
         raise ValueError(("y0 must be finite", "t_eval must be a non-empty, finite 1-D array",
                           "t_eval must be sorted in increasing order", "params must be finite")[problem - 1])
-    t0 = float(t_eval[0]) if t0 is None else float(t0)
+    t0 = float(t_eval[0]) if t0 is None else _real(t0, "t0")
     if not math.isfinite(t0) or t_eval[0] < t0:
         raise ValueError(f"t0 must be finite and <= t_eval[0], got {t0}")
-    # Comparisons first, the error-naming helper only on failure (calls cost when the caches are cold); the order of
-    # the checks is the order in which errors are reported.
-    rtol = float(rtol)
-    if not 0.0 < rtol < math.inf:
-        _positive(rtol, "rtol")
-    atol = float(atol)
-    if not 0.0 <= atol < math.inf:
-        _positive(atol, "atol", allow_zero=True)
+    # The usual options are accepted by conversions and comparisons alone (calls cost when the caches are cold);
+    # anything else goes to _checked_options, which reports the first bad option by name, in the order listed.
+    try:
+        values = float(rtol), float(atol), 0.0 if first_step is None else float(first_step), int(max_steps), \
+            float(blowup)
+    except (TypeError, ValueError):
+        values = None
+    if values is not None and _MIN_RTOL <= values[0] < math.inf and 0.0 <= values[1] < math.inf and \
+            (first_step is None or 0.0 < values[2] < math.inf) and values[3] >= 1 and 0.0 < values[4] < math.inf:
+        return (y0, t0, t_eval, params, *values)
+    return (y0, t0, t_eval, params, *_checked_options(rtol, atol, first_step, max_steps, blowup))
+
+
+def _checked_options(rtol, atol, first_step, max_steps, blowup) -> tuple:
+    """(rtol, atol, first_step, max_steps, blowup) of an adaptive solve, checked one by one; raises ValueError naming
+    the first that is not a number of its kind and range."""
+    rtol = _positive(rtol, "rtol")
+    atol = _positive(atol, "atol", allow_zero=True)
     if rtol < _MIN_RTOL:
         raise ValueError(f"rtol must be at least 100 machine epsilons, got {rtol}")
     first = 0.0 if first_step is None else _positive(first_step, "first_step")
-    steps = int(max_steps)
+    try:
+        steps = int(max_steps)
+    except (TypeError, ValueError):
+        steps = 0
     if steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    blowup = float(blowup)
-    if not 0.0 < blowup < math.inf:
-        _positive(blowup, "blowup")
-    return y0, t0, t_eval, params, rtol, atol, first, steps, blowup
+        raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+    return rtol, atol, first, steps, _positive(blowup, "blowup")
 
 
 _FLOAT64 = np.dtype(np.float64)
 _NO_PARAMS = np.zeros(0)  # shared: nothing can be written into an empty vector
 
 
-def _float_vector(values) -> np.ndarray:
+def _float_vector(values, name: str) -> np.ndarray:
     """``values`` as a float64 array of the one type the compiled loops are compiled for (writable, aligned,
     C-contiguous): the array itself when it already is one, else a fresh copy (a read-only or strided input would
     otherwise be a second type, and so a second compile of the loop). The loops copy ``y0`` and only read
@@ -1214,7 +1232,10 @@ def _float_vector(values) -> np.ndarray:
         flags = values.flags
         if flags.c_contiguous and flags.writeable and flags.aligned:
             return values
-    return np.array(values, dtype=np.float64)
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an array of real numbers, got {values!r}") from None
 
 
 def _raise_for_adaptive_status(status: int, n_accepted: int, t_stop: float, solver: str, max_steps: int) -> None:

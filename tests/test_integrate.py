@@ -311,7 +311,7 @@ def test_inputs_of_every_kind_reach_one_compiled_loop(solver):
     integer or list input is copied into one, so every kind gives the same bits and no second compile of the loop."""
     rhs, _, y0, params, t_end = PROBLEMS["oscillator"]
     t_eval = np.linspace(0.0, t_end, 9)
-    assert integrate._float_vector(t_eval) is t_eval
+    assert integrate._float_vector(t_eval, "t_eval") is t_eval
     reference = solver(rhs, y0, t_eval, params, rtol=1e-8, atol=1e-10)
     frozen = t_eval.copy()
     frozen.setflags(write=False)
@@ -319,7 +319,7 @@ def test_inputs_of_every_kind_reach_one_compiled_loop(solver):
     core = integrate._dopri5_returning_at if solver is solve_dopri5 else integrate._dop853_returning_at
     compiled = len(core.signatures)
     for times in (frozen, strided, list(t_eval)):
-        copied = integrate._float_vector(times)
+        copied = integrate._float_vector(times, "t_eval")
         assert copied is not times and copied.flags.writeable and copied.flags.c_contiguous
         np.testing.assert_array_equal(solver(rhs, y0, times, params, rtol=1e-8, atol=1e-10).y, reference.y)
     np.testing.assert_array_equal(solver(rhs, [int(v) for v in y0], t_eval, params, rtol=1e-8, atol=1e-10).y,
@@ -329,10 +329,20 @@ def test_inputs_of_every_kind_reach_one_compiled_loop(solver):
 
 
 @pytest.mark.parametrize("option, value", [("rtol", 1e-17), ("rtol", np.nan), ("atol", np.inf), ("blowup", 0.0),
-                                           ("blowup", np.inf), ("first_step", -1.0), ("max_steps", 0)])
-def test_adaptive_options_out_of_range_name_themselves(option, value):
-    with pytest.raises(ValueError, match=option):
-        solve_dopri5(decay_rhs, [1.0], [0.0, 1.0], [1.0], **{option: value})
+                                           ("blowup", np.inf), ("first_step", -1.0), ("max_steps", 0),
+                                           ("rtol", "x"), ("atol", None), ("first_step", "a"), ("max_steps", "many"),
+                                           ("max_steps", None), ("blowup", [1.0, 2.0]), ("t0", "zero")])
+@pytest.mark.parametrize("solver", [solve_dopri5, solve_dop853])
+def test_adaptive_options_out_of_range_or_not_numbers_name_themselves(solver, option, value):
+    with pytest.raises(ValueError, match=f"^{option} must"):
+        solver(decay_rhs, [1.0], [0.0, 1.0], [1.0], **{option: value})
+
+
+@pytest.mark.parametrize("argument", ["y0", "t_eval", "params"])
+def test_adaptive_arrays_that_are_not_numbers_name_themselves(argument):
+    arguments = dict(y0=[1.0], t_eval=[0.0, 1.0], params=[1.0]) | {argument: ["one"]}
+    with pytest.raises(ValueError, match=f"^{argument} must be an array of real numbers"):
+        solve_dopri5(decay_rhs, **arguments)
 
 
 def test_adaptive_options_are_checked_in_order_and_quoted_as_given():
