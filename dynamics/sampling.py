@@ -25,7 +25,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["fill_uniforms", "alias_picks", "guided_pick", "guide_tables", "alias_pick", "alias_table"]
+__all__ = ["fill_uniforms", "alias_picks", "guided_pick", "guide_tables", "alias_pick", "alias_table",
+           "MAX_ALIAS_CATEGORIES"]
+
+MAX_ALIAS_CATEGORIES = 2**13  # alias_pick's uniform keeps >= 40 random bits for its comparison up to this size
 
 _TWO_POW_MINUS_53 = 1.0 / 9007199254740992.0
 
@@ -119,9 +122,18 @@ def alias_table(p) -> tuple[np.ndarray, np.ndarray]:
     """Vose's alias table (Walker 1977; Vose 1991) of the probability vector ``p``: ``prob[i]`` is the chance of
     keeping column i, ``choices[i] = (alias[i], i)`` (n × 2) the category taken otherwise and column i itself, the
     layout :func:`alias_pick` indexes. Exact up to float64 rounding; a category of probability zero is never drawn.
-    Built in Python, O(n): meant for one law drawn from very often (μ)."""
-    p = np.asarray(p, dtype=float)
+    Built in Python, O(n): meant for one law drawn from very often (μ). ``p`` need not sum to 1 (it is normalised),
+    but must be finite and non-negative with a positive sum, and have at most ``MAX_ALIAS_CATEGORIES`` entries
+    (beyond, the fractional part of u·n that :func:`alias_pick` compares keeps too few random bits)."""
+    try:
+        p = np.asarray(p, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"p must be a probability vector, got {p!r}") from None
     n = p.size
+    if p.ndim != 1 or not 1 <= n <= MAX_ALIAS_CATEGORIES:
+        raise ValueError(f"p must be a 1-D vector of 1 to {MAX_ALIAS_CATEGORIES} probabilities, got shape {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0) or not p.sum() > 0:
+        raise ValueError("p must be finite and non-negative, with a positive sum")
     scaled = (p * (n / p.sum())).tolist()
     prob, alias = [1.0] * n, list(range(n))
     small = [i for i, v in enumerate(scaled) if v < 1.0]

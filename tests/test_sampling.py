@@ -193,3 +193,10 @@ def test_rows_built_in_pairs_are_the_rows_built_alone():
     dyn._add_context(expected[0], x[0], q[0])
     dyn._add_context(expected[1], x[0], q[1])
     assert np.array_equal(shared, expected)
+
+
+@pytest.mark.parametrize("law", [[0.5, np.nan], [-0.1, 1.1], [], [0.0, 0.0], [[0.5, 0.5]], ["a", "b"],
+                                 np.ones(sampling.MAX_ALIAS_CATEGORIES + 1)])
+def test_alias_table_refuses_what_is_not_a_probability_vector(law):
+    with pytest.raises(ValueError, match="^p must"):
+        sampling.alias_table(law)
