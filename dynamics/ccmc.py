@@ -171,6 +171,7 @@ def _generate_raw(E, W, C, X0, steps, runs, exclude, kernel_seed):
     p = np.empty(K)
     q = np.empty(d)
     output = np.empty(K)
+    scores = np.empty(L0 + steps)  # the attention scores of the longest prompt; each step uses its first `keys`
     for r in range(runs):
         for j in range(L0):
             out[r, j] = X0[j]
@@ -178,7 +179,7 @@ def _generate_raw(E, W, C, X0, steps, runs, exclude, kernel_seed):
             L = L0 + t
             keys = L - 1 if exclude else L
             np.dot(W, E[out[r, L - 1]], q)  # W @ e and C @ value as np.dot into buffers: the same BLAS calls
-            s = np.empty(keys)
+            s = scores[:keys]  # a contiguous view, the array type softmax_into is compiled for
             for j in range(keys):
                 s[j] = np.dot(E[out[r, j]], q)
             softmax_into(s, s)
