@@ -13,7 +13,7 @@ from scipy import stats as scipy_stats
 import pytest
 
 import attnflow.closed_forms.gd_beta as cf
-from attnflow.validation import sweep
+from attnflow.validation import engine, sweep
 from attnflow import run_claim, select
 from attnflow.validation import stats
 from attnflow.validation.stats import fit_exponent
@@ -376,7 +376,7 @@ def test_the_resource_trackers_warnings_are_filtered_in_the_processes_the_pool_s
     'resource_tracker: …' warnings (which could follow a failing task's one-line error) and nothing else."""
     from multiprocessing import util
 
-    sweep._quiet_resource_tracker()
+    engine._quiet_resource_tracker()
     flags = util._args_from_interpreter_flags()
     code = ("import warnings; warnings.warn('resource_tracker: /loky-1-abc: FileNotFoundError(2)'); "
             "warnings.warn('resource_tracker: There appear to be 1 leaked semlock objects'); warnings.warn('other')")

@@ -40,7 +40,7 @@ try:  # POSIX advisory locks; without them (Windows) calibrations into one table
 except ImportError:  # pragma: no cover
     fcntl = None
 
-from . import sweep, systems
+from . import engine, sweep, systems
 from .report import platform
 from .stats import clopper_pearson
 
@@ -202,9 +202,9 @@ def write_table(markdown, entries: dict[str, dict]) -> None:
     """Write the table (Markdown) and its JSON twin, rows sorted by claim, each file replaced atomically."""
     markdown = Path(markdown)
     rows = [entries[name] for name in sorted(entries)]
-    sweep.write_atomically(_sidecar(markdown), json.dumps(dict(schema=TABLE_SCHEMA, claims=rows), indent=1,
+    engine.write_atomically(_sidecar(markdown), json.dumps(dict(schema=TABLE_SCHEMA, claims=rows), indent=1,
                                                      allow_nan=False) + "\n")
-    sweep.write_atomically(markdown, render_table(rows))
+    engine.write_atomically(markdown, render_table(rows))
 
 
 def _edit_table(markdown, edit) -> bool:

@@ -1,7 +1,9 @@
 """The ``attnflow`` command line.
 
     attnflow list
-    attnflow check [NAMES…] [--full] [--json] [--seed S] [--report DIR]
+    attnflow check [NAMES…] [-k EXPR] [--full] [--json] [--seed S] [--report DIR] [--jobs N] [--scheduler ADDRESS]
+                   [--store DIR | --no-store] [--rerun]
+    attnflow report STORE [NAMES…] [--out DIR] [--full] [--seed S] [--json]
     attnflow solve SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--latex] [--describe]
     attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--describe]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
@@ -30,9 +32,13 @@ import numpy as np
 from attnflow import seeding
 from attnflow.dynamics.errors import BudgetExceeded, DivergenceError, StageFailure
 
+from . import claim_runs, engine, report, systems
 from . import claims as claims_module
-from . import report, systems
 from .live import LiveBar, wanted
+
+
+AUTO_PARALLEL_SECONDS = 20.0  # below this (expected on one core) starting workers costs more than it saves
+FULL_STORE = "attnflow-full"  # where --full keeps its outcomes unless told otherwise: hours of work are not lost
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -66,6 +72,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="run claims (all by default) and report PASS/FAIL with numbers")
     check.add_argument("names", nargs="*", help="systems (gd_beta or gd-beta) or claims (gd_beta.lsa_gap)")
+    check.add_argument("-k", metavar="EXPRESSION", dest="keyword",
+                       help="only claims whose names match, as pytest's -k: words are substrings, with and/or/not "
+                            "(-k 'svm and not rank')")
     check.add_argument("--full", action="store_true", help="paper-scale settings (default: quick)")
     check.add_argument("--json", action="store_true",
                        help="print the JSON document (schema attnflow.check/2) instead of the table")
@@ -73,7 +82,25 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--report", metavar="DIR",
                        help="write DIR/report.md (figures in DIR/figures) and the self-contained DIR/report.html")
     check.add_argument("--strict", action="store_true", help="count registered findings as failures (exit 1)")
+    check.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="worker processes (default: every core when the claims are expected to take over "
+                            f"{AUTO_PARALLEL_SECONDS:g} s on one, else this process; -1: every core)")
+    check.add_argument("--scheduler", metavar="ADDRESS", help="run the claims on this dask.distributed scheduler")
+    check.add_argument("--store", metavar="DIR",
+                       help=f"keep each finished claim's outcome in DIR and reuse those whose code is unchanged "
+                            f"(default with --full: {FULL_STORE})")
+    check.add_argument("--no-store", action="store_true", help="keep nothing (also with --full)")
+    check.add_argument("--rerun", action="store_true", help="recompute claims even when the store holds them")
     check.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    rebuild = sub.add_parser("report", help="rebuild report.md / report.html from a store, computing nothing")
+    rebuild.add_argument("store", metavar="STORE", help="the folder given to check --store")
+    rebuild.add_argument("names", nargs="*", help="systems or claims (default: all)")
+    rebuild.add_argument("-k", metavar="EXPRESSION", dest="keyword", help="only claims whose names match (as check)")
+    rebuild.add_argument("--out", metavar="DIR", help="write DIR/report.md and DIR/report.html")
+    rebuild.add_argument("--full", action="store_true", help="the outcomes of a --full run (default: quick)")
+    rebuild.add_argument("--seed", type=int, default=0, help="the master seed of the run (default 0)")
+    rebuild.add_argument("--json", action="store_true", help="print the check JSON document of the stored outcomes")
 
     calibrate = sub.add_parser("calibrate", help="a claim's false-FAIL rate over many seeds against its nominal rate")
     calibrate.add_argument("claims", nargs="*", metavar="CLAIM",
@@ -193,28 +220,116 @@ def _command_list(args) -> int:
     return 0
 
 
+def _selected_claims(args) -> list:
+    selected = systems.select(args.names)
+    if args.keyword is not None:
+        matches = claim_runs.match_expression(args.keyword)
+        selected = [c for c in selected if matches(c.name)]
+        if not selected:
+            raise ValueError(f"-k {args.keyword!r} matches no claim (attnflow list shows them)")
+    return selected
+
+
+def _check_store(args) -> str | None:
+    if args.no_store and args.store:
+        raise ValueError("give --store DIR or --no-store, not both")
+    if args.no_store:
+        return None
+    store = args.store if args.store is not None else FULL_STORE if args.full else None
+    _check_output_folder(store, "--store")
+    return store
+
+
+def _check_jobs(args, selected: list, setting: str) -> int:
+    if args.jobs is not None:
+        if args.jobs == 0 or args.jobs < -1:
+            raise ValueError(f"--jobs must be a number of workers >= 1, or -1 for every core; got {args.jobs}")
+        return args.jobs
+    expected = sum(claim_runs.expected_seconds(c.name, setting) for c in selected)
+    return -1 if expected > AUTO_PARALLEL_SECONDS else 1
+
+
 def _command_check(args) -> int:
     _check_seed(args.seed)
     _check_output_folder(args.report, "--report")
-    selected = systems.select(args.names)
-    results = []
-    with LiveBar(wanted(quiet=args.no_progress or args.json), total=len(selected), desc="claims",
-                 unit="claim") as live:
-        for c in selected:
-            live.start(c.name)
-            results.append(claims_module.run_claim(c, full=args.full, seed=args.seed))
-            live.advance()
+    store = _check_store(args)
+    selected = _selected_claims(args)
     setting = "full" if args.full else "quick"
+    n_jobs = _check_jobs(args, selected, setting)
+    workers = 1 if args.scheduler else engine.worker_count(n_jobs, len(selected))
+    if store is not None and not args.json:
+        print(f"attnflow: outcomes are kept in {store}/ as they finish: the same command resumes, --rerun recomputes",
+              file=sys.stderr)
+    table = None if args.json else report.Table([c.name for c in selected])
+    if table is not None:
+        _print_lines(table.header())
+    expected = {c.name: claim_runs.expected_seconds(c.name, setting) for c in selected}
+    with LiveBar(wanted(quiet=args.no_progress or args.json), total=len(selected), desc="claims", unit="claim",
+                 expected=expected, workers=workers) as live:
+        def finished(result, reused):
+            if table is not None:
+                _print_lines(table.block(result), above=live)
+            live.advance(result.name, None if reused else result.seconds)
+
+        run = claim_runs.run_checks(selected, setting=setting, seed=args.seed, n_jobs=n_jobs,
+                                    scheduler=args.scheduler, store=store, rerun=args.rerun,
+                                    draw_figures=bool(args.report or store), on_result=finished,
+                                    on_start=lambda task: live.start(task.claim))
+    results = run.results
     if args.json:
-        print(report.to_json(results, seed=args.seed, setting=setting))
+        print(report.to_json(results, seed=args.seed, setting=setting, interrupted=run.interrupted))
     else:
-        print(report.format_table(results))
-    if args.report:
-        path = report.write_report(results, args.report, seed=args.seed, setting=setting)
+        closing = report.recap(results)
+        _print_lines(([closing] if closing else []) + report.summary_line(results).splitlines())
+    for line in run.quarantined:
+        print(f"attnflow: a stored outcome could not be used and was recomputed: {line}", file=sys.stderr)
+    if store is not None:
+        print(f"computed {run.computed} claims, reused {run.reused} from {store}", file=sys.stderr)
+    if args.report and results:
+        path = report.write_report(results, args.report, seed=args.seed, setting=setting, figures=run.figures)
         print(f"report written to {path} and {path.with_suffix('.html')}", file=sys.stderr)
+    if run.interrupted:
+        print(f"attnflow: interrupted; {len(results)} of {len(selected)} claims finished"
+              + (f" and are kept in {store}" if store is not None else ""), file=sys.stderr)
+        return 130
     if args.strict:
         return 0 if all(r.passed for r in results) else 1
     return 0 if all(r.as_registered for r in results) else 1
+
+
+def _print_lines(lines: list[str], above: LiveBar | None = None) -> None:
+    """Print and flush at once, so a pipe or a log sees each claim as it finishes (above the bar, if one is
+    drawn)."""
+    text = "\n".join(lines)
+    if above is not None and above.enabled:
+        above.write(text)
+    else:
+        print(text, flush=True)
+
+
+def _command_report(args) -> int:
+    _check_seed(args.seed)
+    if not Path(args.store).is_dir():
+        raise ValueError(f"STORE: {args.store!r} is not a folder (give the one check --store wrote)")
+    if not args.out and not args.json:
+        raise ValueError("give --out DIR (the report) or --json")
+    _check_output_folder(args.out, "--out")
+    selected = _selected_claims(args)
+    setting = "full" if args.full else "quick"
+    run = claim_runs.stored_results(selected, args.store, setting=setting, seed=args.seed)
+    if args.json:
+        print(report.to_json(run.results, seed=args.seed, setting=setting))
+    for line in run.quarantined:
+        print(f"attnflow: a stored outcome could not be used: {line}", file=sys.stderr)
+    if run.missing:
+        shown = ", ".join(run.missing[:5]) + (f" and {len(run.missing) - 5} more" if len(run.missing) > 5 else "")
+        print(f"attnflow: {len(run.missing)} claims have no outcome of the current code at setting {setting}, "
+              f"seed {args.seed} in {args.store}: {shown}", file=sys.stderr)
+    if args.out and run.results:
+        path = report.write_report(run.results, args.out, seed=args.seed, setting=setting, figures=run.figures)
+        print(f"report of {len(run.results)} stored claims written to {path} and {path.with_suffix('.html')}",
+              file=sys.stderr)
+    return 1 if run.missing else 0
 
 
 def _command_calibrate(args) -> int:
@@ -596,7 +711,8 @@ def _run(parser, argv) -> int:
         warnings.simplefilter("always", RuntimeWarning)
         try:
             args = parser.parse_args(argv)
-            command = {"list": _command_list, "check": _command_check, "solve": _command_solve,
+            command = {"list": _command_list, "check": _command_check, "report": _command_report,
+                       "solve": _command_solve,
                        "simulate": _command_simulate, "sweep": _command_sweep,
                        "calibrate": _command_calibrate, "bench": _command_bench}[args.command]
             code = command(args)

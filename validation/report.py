@@ -25,6 +25,7 @@ from .claims import CheckResult
 JSON_SCHEMA = "attnflow.check/2"
 SCHEMAS = ("check", "solve", "simulate", "list", "calibrate")  # the documents described by validation/schemas/<name>.schema.json
 STATUSES = ("PASS", "FAIL", "FINDING", "ERROR")
+FIGURE_DPI = 110
 DERIVATION = re.compile(r"docs/(?P<system>[a-z][a-z0-9_]*)\.md,?\s+§(?P<section>\d+(?:\.\d+)*)")
 
 
@@ -141,45 +142,61 @@ def _first_lines(result: CheckResult) -> list[str]:
     return [first, *_pairs(result, result.measured)]
 
 
+def table_width(width: int | None = None) -> int:
+    """The width tables are laid out in: ``width``, else the terminal's (``COLUMNS``), at least ``MIN_WIDTH``."""
+    if width is None:
+        width = shutil.get_terminal_size((100, 40)).columns
+    return max(MIN_WIDTH, width)
+
+
 def format_table(results: list[CheckResult], *, width: int | None = None) -> str:
     """One block per claim: status, name and time, measured and predicted (labels), then the tolerance.
 
     ``width`` defaults to the terminal's width; every line fits in it. From 110 columns measured and predicted
     stand side by side; narrower, they stack under the claim."""
-    if width is None:
-        width = shutil.get_terminal_size((100, 40)).columns
-    width = max(MIN_WIDTH, width)
-    body = _wide_table(results, width) if width >= SIDE_BY_SIDE_WIDTH else _narrow_table(results, width)
-    return "\n".join(body + _wrap(summary_line(results), width))
+    table = Table([r.name for r in results], width)
+    body = table.header() + [line for r in results for line in table.block(r)]
+    return "\n".join(body + _wrap(summary_line(results), table.width))
 
 
-def _wide_table(results: list[CheckResult], width: int) -> list[str]:
-    claim = min(42, max([len("CLAIM"), *(len(r.name) for r in results)]) + 2)
-    side = (width - 8 - claim - 8) // 2
-    columns = (8, claim, side, side, 8)
+class Table:
+    """The terminal table, a block at a time, so that ``attnflow check`` prints each claim as it finishes.
 
-    def row(cells):
-        wrapped = [sum((_wrap(line, w - 2) for line in cell), []) for cell, w in zip(cells, columns)]
+    ``names`` are the claims it will show (their longest name sets the claim column)."""
+
+    def __init__(self, names: list[str], width: int | None = None):
+        self.width = table_width(width)
+        self.wide = self.width >= SIDE_BY_SIDE_WIDTH
+        claim = min(42, max([len("CLAIM"), *(len(n) for n in names)]) + 2)
+        side = (self.width - 8 - claim - 8) // 2
+        self.columns = (8, claim, side, side, 8)
+
+    def _row(self, cells) -> list[str]:
+        wrapped = [sum((_wrap(line, w - 2) for line in cell), []) for cell, w in zip(cells, self.columns)]
         height = max(len(lines) for lines in wrapped)
-        return ["".join((lines[i] if i < len(lines) else "").ljust(w) for lines, w in zip(wrapped, columns)).rstrip()
-                for i in range(height)]
+        return ["".join((lines[i] if i < len(lines) else "").ljust(w)
+                        for lines, w in zip(wrapped, self.columns)).rstrip() for i in range(height)]
 
-    lines = row([["STATUS"], ["CLAIM"], ["MEASURED"], ["PREDICTED"], ["TIME"]])
-    lines.append("-" * sum(columns))
-    for r in results:
-        lines += row([[r.status], [r.name], _first_lines(r), _pairs(r, r.predicted), [f"{r.seconds:.1f}s"]])
+    def header(self) -> list[str]:
+        if not self.wide:
+            return []
+        return self._row([["STATUS"], ["CLAIM"], ["MEASURED"], ["PREDICTED"], ["TIME"]]) + ["-" * sum(self.columns)]
+
+    def block(self, r: CheckResult) -> list[str]:
+        return self._wide_block(r) if self.wide else self._narrow_block(r)
+
+    def _wide_block(self, r: CheckResult) -> list[str]:
+        row = self._row
+        lines = row([[r.status], [r.name], _first_lines(r), _pairs(r, r.predicted), [f"{r.seconds:.1f}s"]])
         if r.tolerance:
             lines += row([[""], [""], [f"tolerance: {r.tolerance}"], [f"basis: {r.basis}"], [""]])
         if r.finding:
             lines += row([[""], [""], [f"registered finding: {r.finding}"], [""], [""]])
-        lines.append("")
-    return lines
+        return lines + [""]
 
-
-def _narrow_table(results: list[CheckResult], width: int) -> list[str]:
-    indent = " " * 4
-    lines = []
-    for r in results:
+    def _narrow_block(self, r: CheckResult) -> list[str]:
+        width, indent = self.width, " " * 4
+        lines = []
         seconds = f"{r.seconds:.1f}s"
         head = f"{r.status:<8}{r.name}"
         if len(head) + 1 + len(seconds) <= width:
@@ -195,18 +212,39 @@ def _narrow_table(results: list[CheckResult], width: int) -> list[str]:
             lines += _wrap(f"basis: {r.basis}", width, indent, indent + "  ")
         if r.finding:
             lines += _wrap(f"registered finding: {r.finding}", width, indent, indent + "  ")
-        lines.append("")
-    return lines
+        return lines + [""]
+
+
+def recap(results: list[CheckResult], *, width: int | None = None) -> str:
+    """What needs a reader's eye, one line each: every FAIL, ERROR and FINDING with its nominal false-FAIL rate
+    and where its derivation is; empty when every claim passed."""
+    width = table_width(width)
+    lines = []
+    for status in ("FAIL", "ERROR", "FINDING"):
+        for r in (r for r in results if r.status == status):
+            rate = ("no chance failure allowed" if r.false_fail_rate is None
+                    else f"nominal false-FAIL rate {format_number(r.false_fail_rate)}")
+            found = derivation(r)
+            where = f"; derivation {found[0]} §{found[1]}" if found else ""
+            why = f": {r.notes.splitlines()[0]}" if status == "ERROR" and r.notes else ""
+            lines += _wrap(f"{status:<8}{r.name} ({rate}{where}){why}", width, subsequent=" " * 8)
+    if not lines:
+        return ""
+    title = " FAIL, ERROR and FINDING "
+    return "\n".join([title.center(min(width, 80), "="), *lines])
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # JSON
 # ----------------------------------------------------------------------------------------------------------------
 
-def to_json(results: list[CheckResult], *, seed: int, setting: str) -> str:
-    """The stable ``--json`` document (schema ``attnflow.check/2``: validation/schemas/check.schema.json)."""
+def to_json(results: list[CheckResult], *, seed: int, setting: str, interrupted: bool = False) -> str:
+    """The stable ``--json`` document (schema ``attnflow.check/2``: validation/schemas/check.schema.json); an
+    interrupted run's document holds the claims that finished and says ``"interrupted": true``."""
     document = dict(schema=JSON_SCHEMA, attnflow_version=version(), platform=platform(), seed=seed, setting=setting,
                     summary=summary_counts(results), results=[r.to_dict() for r in results])
+    if interrupted:
+        document["interrupted"] = True
     return json.dumps(document, indent=2, ensure_ascii=False)
 
 
@@ -214,7 +252,7 @@ def to_json(results: list[CheckResult], *, seed: int, setting: str) -> str:
 # Figures: drawn once for both reports
 # ----------------------------------------------------------------------------------------------------------------
 
-def render_figures(results: list[CheckResult], *, dpi: int = 110) -> dict[str, bytes | str]:
+def render_figures(results: list[CheckResult], *, dpi: int = FIGURE_DPI) -> dict[str, bytes | str]:
     """Claim name -> PNG bytes, or the error message of a figure that could not be drawn (the numbers of every
     other claim must not be lost to one broken plot). Claims without a figure are absent."""
     rendered = {}
@@ -410,13 +448,14 @@ def html_report(results: list[CheckResult], figures: dict, *, seed: int, setting
     ])
 
 
-def write_report(results: list[CheckResult], directory, *, seed: int, setting: str) -> Path:
+def write_report(results: list[CheckResult], directory, *, seed: int, setting: str, figures: dict | None = None) -> Path:
     """Write ``directory/report.md`` with ``directory/figures/<claim>.png``, and the self-contained
-    ``directory/report.html``; returns the Markdown report's path."""
+    ``directory/report.html``; returns the Markdown report's path. ``figures`` (claim name -> PNG bytes or an error
+    message) are figures already drawn, for results that came from a store; by default they are drawn here."""
     directory = Path(directory)
     figures_folder = directory / "figures"
     figures_folder.mkdir(parents=True, exist_ok=True)
-    figures = render_figures(results)
+    figures = render_figures(results) if figures is None else figures
     for name, png in figures.items():
         if isinstance(png, bytes):
             (figures_folder / f"{name}.png").write_bytes(png)

@@ -1,5 +1,6 @@
-"""Parameter sweeps that survive interruption: a grid × seeds of tasks, run with joblib locally or on a Dask
-cluster, each finished task written to a plain-file result store as it completes.
+"""Parameter sweeps that survive interruption: a grid × seeds of tasks, run by the engine
+(:mod:`attnflow.validation.engine`: joblib locally or a Dask cluster), each finished task written to a plain-file
+result store as it completes.
 
 A task is (target, parameters, seed). The target is a registered observable (``attnflow.validation.claims.observable``)
 or a claim, whose settings the grid overrides. The store holds one JSON file per finished task, named by a
@@ -21,16 +22,8 @@ import hashlib
 import itertools
 import json
 import math
-import os
-import queue
-import shutil
-import sys
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 
 from attnflow import seeding
@@ -40,15 +33,12 @@ from . import claims as claims_module
 from . import systems
 from .fingerprint import module_fingerprint
 from .claims import ScalingLaw, observable
+from .engine import RUN_ID, ResultStore, run_tasks, write_atomically  # noqa: F401  (write_atomically: re-exported)
 from .report import version
 from .stats import ExponentFit, fit_exponent
 
-__all__ = ["Task", "ResultStore", "SweepResult", "parse_grid", "replicate_seed", "run_seed", "run_sweep", "run_replicates",
+__all__ = ["Task", "ResultStore", "result_store", "SweepResult", "parse_grid", "replicate_seed", "run_seed", "run_sweep", "run_replicates",
            "execute_task", "scaling_fit"]
-
-# Identifies the process that computed a record (the kill-and-resume test uses it).
-RUN_ID = uuid.uuid4().hex
-
 
 # ==================================================================================================
 # Tasks and their keys
@@ -85,6 +75,9 @@ class Task:
 
     def as_dict(self) -> dict:
         return dict(self.params)
+
+    def run(self) -> dict:
+        return execute_task(self)
 
 
 def parse_grid(specs: list[str]) -> dict:
@@ -180,129 +173,12 @@ def execute_task(task: Task) -> dict:
 # ==================================================================================================
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a reader never sees half a
-    file, and a failed write leaves no temporary behind. The file is readable by others (mkstemp's 0600 is for
-    secrets; records and tables are for readers)."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 RECORD_FIELDS = ("key", "target", "params", "seed", "replicate", "version", "code", "result", "seconds", "run_id")
-STALE_TEMPORARY_SECONDS = 3600  # a temporary file this old belongs to no writer that is still running
 
 
-def _checksum(record: dict) -> str:
-    body = {k: v for k, v in record.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
-
-
-class ResultStore:
-    """One JSON file per finished task in ``directory`` (``<key>.json``), written atomically.
-
-    Each record carries its own key and a SHA-256 checksum of its content. A record that is truncated, empty,
-    not an object, missing a field, stored under another task's key, fails its checksum, or is not a regular file
-    is never used: it is moved aside to ``directory/corrupt/`` (named in ``quarantined``) and its task runs again.
-    Temporary files left by a writer that died are removed when the store is opened. ``directory=None`` keeps
-    records in memory only (for claims that run a small sweep themselves).
-    """
-
-    def __init__(self, directory=None):
-        self.directory = None if directory is None else Path(directory)
-        self._memory: dict[str, dict] = {}  # every record without a directory; with one, those checked sound
-        self.quarantined: list[str] = []
-        if self.directory is not None:
-            if str(directory).strip() == "":
-                raise ValueError("the store directory must be a non-empty path")
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                probe = tempfile.NamedTemporaryFile(dir=self.directory, prefix=".tmp-probe-", delete=True)
-                probe.close()
-            except OSError as error:
-                raise ValueError(f"cannot write the result store {str(directory)!r} "
-                                 f"({error.strerror or error})") from None
-            self._remove_stale_temporaries()
-
-    def _remove_stale_temporaries(self) -> None:
-        now = time.time()
-        for path in self.directory.glob(".tmp-*"):
-            try:
-                if now - path.stat().st_mtime > STALE_TEMPORARY_SECONDS:
-                    path.unlink()
-            except OSError:  # another process removed or renamed it meanwhile
-                pass
-
-    def _path(self, key: str) -> Path:
-        return self.directory / f"{key}.json"
-
-    def _problem(self, key: str) -> str | None:
-        """Why the stored record for ``key`` cannot be used, or None when it is sound (it is then kept, so that
-        loading it does not read and check the file a second time)."""
-        path = self._path(key)
-        if not path.is_file():
-            return "not a regular file"
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as error:
-            return f"unreadable JSON ({type(error).__name__})"
-        if not isinstance(record, dict):
-            return f"a JSON {type(record).__name__}, not a record"
-        missing = [f for f in (*RECORD_FIELDS, "checksum") if f not in record]
-        if missing:
-            return f"missing {', '.join(missing)}"
-        if record["key"] != key:
-            return f"the record of another task ({record['key']})"
-        try:
-            if record["checksum"] != _checksum(record):
-                return "checksum mismatch"
-        except ValueError:  # non-finite numbers: not something this store writes
-            return "non-finite numbers"
-        self._memory[key] = record
-        return None
-
-    def _quarantine(self, key: str, reason: str) -> None:
-        path = self._path(key)
-        corrupt = self.directory / "corrupt"
-        corrupt.mkdir(exist_ok=True)
-        target = corrupt / f"{key}.{uuid.uuid4().hex[:8]}.json"
-        shutil.move(str(path), str(target))  # a file or whatever stands in its place (a directory, a link)
-        self.quarantined.append(f"{path.name}: {reason} (moved to {target.relative_to(self.directory)})")
-
-    def has(self, key: str) -> bool:
-        """Whether a sound record of ``key`` is stored; an unsound one is moved aside first."""
-        if self.directory is None or key in self._memory:
-            return key in self._memory
-        if not os.path.lexists(self._path(key)):
-            return False
-        reason = self._problem(key)
-        if reason is None:
-            return True
-        self._quarantine(key, reason)
-        return False
-
-    def write(self, record: dict) -> None:
-        record = dict(record, checksum=_checksum(record))
-        self._memory[record["key"]] = record
-        if self.directory is None:
-            return
-        write_atomically(self._path(record["key"]), json.dumps(record, indent=1, allow_nan=False))
-
-    def load(self, key: str) -> dict:
-        if key not in self._memory:
-            reason = "absent" if self.directory is None else self._problem(key)
-            if reason is not None:
-                raise ValueError(f"the stored record of task {key} cannot be used: {reason}")
-        return self._memory[key]
+def result_store(directory=None) -> ResultStore:
+    """The store of sweep records (:class:`attnflow.validation.engine.ResultStore` checking their fields)."""
+    return ResultStore(directory, fields=RECORD_FIELDS)
 
 
 # ==================================================================================================
@@ -416,7 +292,7 @@ def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, se
     first = int(master_seed) if runs else None
     master_seed = seeding.as_seed_sequence(master_seed, "master_seed")
     _validate_target(target, grid)
-    store = store if isinstance(store, ResultStore) else ResultStore(store)
+    store = store if isinstance(store, ResultStore) else result_store(store)
     tasks = _tasks(target, grid, int(seeds), first if runs else master_seed, runs)
     pending = [t for t in tasks if not store.has(t.key)]
     started = time.perf_counter()
@@ -425,7 +301,7 @@ def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, se
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(pending), desc=target, unit="task",
                disable=not progress or None)
     try:
-        for record in _execute(pending, n_jobs=n_jobs, scheduler=scheduler):
+        for record in run_tasks(pending, n_jobs=n_jobs, scheduler=scheduler):
             store.write(record)
             bar.update(1)
     finally:
@@ -436,96 +312,6 @@ def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, se
     return SweepResult(target=target, grid=grid, seeds=int(seeds), records=records, computed=len(pending),
                        reused=len(tasks) - len(pending), seconds=time.perf_counter() - started,
                        master_seed=master_seed, law=law, extra=extra)
-
-
-def _execute(pending: list[Task], *, n_jobs: int, scheduler: str | None):
-    """Yield records as tasks finish (in completion order)."""
-    if not pending:
-        return
-    if scheduler is not None:
-        try:
-            from dask.distributed import Client, as_completed
-        except ImportError:
-            raise ValueError("--scheduler needs the dask extra: pip install 'attnflow[dask]'") from None
-        try:
-            client = Client(scheduler)
-        except (OSError, TimeoutError) as error:
-            raise ValueError(f"--scheduler: cannot connect to {scheduler!r} ({error})") from None
-        with client:
-            futures = client.map(execute_task, pending, pure=False)
-            for future in as_completed(futures):
-                yield future.result()
-        return
-    if n_jobs == 1:
-        for task in pending:
-            yield execute_task(task)
-        return
-    yield from _execute_in_workers(pending, n_jobs)
-
-
-PARENT_POLL_SECONDS = 0.25
-
-
-def _exit_with_parent(parent: int) -> None:
-    """Worker initializer: end this worker as soon as the process that started it is gone (a SIGKILL of the
-    sweep included), instead of computing on for nobody."""
-    import threading
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="attnflow-parent-watch").start()
-
-
-def _execute_in_workers(pending: list[Task], n_jobs: int):
-    """joblib's process pool (loky), whose workers die with the sweep: on an interrupt the pending tasks are
-    cancelled and the running ones killed at once, and each worker watches its parent in case the sweep itself is
-    killed. Finished records have already been yielded (and written) by then."""
-    from concurrent.futures import as_completed
-
-    from joblib import cpu_count
-    from joblib.externals.loky import get_reusable_executor
-
-    workers = cpu_count() if n_jobs < 0 else n_jobs
-    _quiet_resource_tracker()
-    executor = get_reusable_executor(max_workers=max(1, min(workers, len(pending))), kill_workers=True,
-                                     initializer=_exit_with_parent, initargs=(os.getpid(),), reuse=False)
-    futures = [executor.submit(execute_task, task) for task in pending]
-    try:
-        for future in as_completed(futures):
-            yield future.result()
-    except BaseException:  # Ctrl-C, SIGTERM, a failing task, or the consumer closing the generator
-        _forget_queued_task_ids(executor)
-        executor.shutdown(wait=False, kill_workers=True)  # cancels what has not started, kills what has
-        raise
-
-
-# loky's resource tracker, a process of its own, warns when a semaphore of a worker killed by the shutdown above is
-# already gone ("resource_tracker: /loky-…: FileNotFoundError") or was left behind; under load that line could follow
-# the one-line error of a failing task. The tracker takes its warning filters from this process's -W options
-# (multiprocessing.util._args_from_interpreter_flags), so the filter is added to them before the pool starts.
-_RESOURCE_TRACKER_NOISE = "ignore:resource_tracker:UserWarning"
-
-
-def _quiet_resource_tracker() -> None:
-    if _RESOURCE_TRACKER_NOISE not in sys.warnoptions:
-        sys.warnoptions.append(_RESOURCE_TRACKER_NOISE)
-
-
-def _forget_queued_task_ids(executor) -> None:
-    """Empty the pool's queue of task ids before a killing shutdown. loky's shutdown with ``kill_workers`` drops the
-    tasks that have not started but not their ids, and its manager thread then looks the next id up and dies on a
-    KeyError, whose traceback was printed after "interrupted". The tasks themselves are still cancelled."""
-    ids = getattr(executor, "_work_ids", None)
-    if ids is None:  # another loky: nothing to do but let it print
-        return
-    try:
-        while True:
-            ids.get_nowait()
-    except queue.Empty:
-        pass
 
 
 def scaling_fit(result: SweepResult, *, n_boot: int = 2000, level: float = 0.95) -> ExponentFit:

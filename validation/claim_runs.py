@@ -1,0 +1,284 @@
+"""``attnflow check`` on the engine: one task per claim, its whole outcome stored the moment it finishes.
+
+A claim's task is keyed by what determines its numbers: the claim, its setting (quick or full), the master seed,
+the fingerprint of the code that computes it (:mod:`attnflow.validation.fingerprint`), the attnflow version and
+the versions of the numerical libraries. Its record holds the claim's full outcome (the ``attnflow check --json``
+entry), its figure as PNG when one was asked for, the platform that computed it and its time. Every path goes
+through the record, in this process as in a worker, so ``--jobs 1``, ``--jobs N`` and a Dask cluster give the
+same JSON bit for bit: a claim's randomness derives from the master seed and its name alone
+(:meth:`attnflow.validation.claims.Claim.seed_sequence`) and BLAS runs on one thread in every task
+(:func:`attnflow.validation.engine.one_blas_thread`).
+
+Claims start longest first, by the durations in ``durations.json`` (measured on one core; a claim missing there is
+assumed to take the median), so the wall time approaches max(total / workers, longest claim).
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import io
+import json
+import platform as _platform
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+
+from . import engine, report, systems
+from .claims import CheckResult, Claim, run_claim
+from .fingerprint import module_fingerprint
+
+__all__ = ["ClaimTask", "CheckRun", "RECORD_FIELDS", "run_checks", "result_from_record", "tasks_for", "order",
+           "expected_seconds", "match_expression", "library_versions", "store_for", "stored_results"]
+
+RECORD_FIELDS = ("key", "kind", "claim", "setting", "seed", "version", "libraries", "code", "platform", "result",
+                 "figure", "figure_drawn", "seconds", "run_id")
+KIND = "check"
+
+
+@functools.lru_cache(maxsize=1)
+def library_versions() -> str:
+    """The versions whose change may move a number's last bits (the CPU is recorded with each result instead: a
+    cluster's workers may differ from the machine that computes the keys)."""
+    import llvmlite
+    import numba
+    import numpy
+    import scipy
+
+    return (f"Python {_platform.python_version()}, numpy {numpy.__version__}, scipy {scipy.__version__}, "
+            f"numba {numba.__version__}, llvmlite {llvmlite.__version__}")
+
+
+@dataclass(frozen=True)
+class ClaimTask:
+    """One claim at one setting and seed; ``draw_figure`` and ``expected`` do not change its numbers, so they are
+    not part of its key."""
+
+    claim: str
+    setting: str  # "quick" or "full"
+    seed: int
+    code: str  # the fingerprint of the claim's module and what it imports
+    libraries: str
+    draw_figure: bool = False
+    expected: float = 0.0  # seconds, for ordering and the ETA
+
+    @property
+    def key(self) -> str:
+        payload = json.dumps(dict(kind=KIND, claim=self.claim, setting=self.setting, seed=self.seed,
+                                  version=report.version(), code=self.code, libraries=self.libraries), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+    def run(self) -> dict:
+        claim = systems.select([self.claim])[0]
+        result = run_claim(claim, seed=self.seed, full=self.setting == "full")
+        figure = _render(result) if self.draw_figure else None
+        return dict(key=self.key, kind=KIND, claim=self.claim, setting=self.setting, seed=self.seed,
+                    version=report.version(), libraries=self.libraries, code=self.code, platform=report.platform(),
+                    result=result.to_dict(), figure=figure, figure_drawn=self.draw_figure,
+                    seconds=round(result.seconds, 3), run_id=engine.RUN_ID)
+
+
+def _render(result: CheckResult) -> dict | None:
+    """The claim's figure as base64 PNG, or why it could not be drawn (its numbers are kept either way)."""
+    if result.figure is None:
+        return None
+    try:
+        buffer = io.BytesIO()
+        result.figure().savefig(buffer, format="png", dpi=report.FIGURE_DPI)
+    except Exception as error:
+        return dict(error=f"{type(error).__name__}: {error}")
+    return dict(png=base64.b64encode(buffer.getvalue()).decode("ascii"))
+
+
+def result_from_record(record: dict) -> tuple[CheckResult, bytes | str | None]:
+    """The CheckResult a record holds, and its figure (PNG bytes, an error message, or None)."""
+    r = record["result"]
+    result = CheckResult(name=r["name"], system=r["system"], reference=r["reference"], statement=r["statement"],
+                         status=r["status"], measured=r["measured"], predicted=r["predicted"],
+                         tolerance=r["tolerance"], basis=r["basis"], details=r["details"], notes=r["notes"],
+                         setting=r["setting"], seed=r["seed"], seconds=r["seconds"], finding=r["finding"],
+                         labels=r["labels"], false_fail_rate=r["false_fail_rate"])
+    figure = record.get("figure")
+    if figure is None:
+        return result, None
+    return result, base64.b64decode(figure["png"]) if "png" in figure else figure.get("error", "not drawn")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Which claims, in which order
+# ----------------------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _durations() -> dict:
+    text = resources.files("attnflow.validation").joinpath("durations.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def expected_seconds(claim: str, setting: str) -> float:
+    """A claim's measured time at a setting (one core, warm cache); the median of the table when it is missing."""
+    table = _durations().get(setting, {})
+    if claim in table:
+        return float(table[claim])
+    return float(statistics.median(table.values())) if table else 1.0
+
+
+def tasks_for(claims: list[Claim], *, setting: str, seed: int, draw_figures: bool) -> list[ClaimTask]:
+    libraries = library_versions()
+    return [ClaimTask(c.name, setting, int(seed), module_fingerprint(c.function.__module__), libraries, draw_figures,
+                      expected_seconds(c.name, setting)) for c in claims]
+
+
+def order(tasks: list[ClaimTask]) -> list[ClaimTask]:
+    """Longest first (a stable sort: equal times keep the registry's order)."""
+    return sorted(tasks, key=lambda t: -t.expected)
+
+
+_TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
+
+
+def match_expression(expression: str):
+    """A pytest-style ``-k`` expression as a predicate on claim names: words match as case-insensitive substrings,
+    combined with ``and``, ``or``, ``not`` and parentheses (``-k "svm and not rank"``)."""
+    tokens = _TOKEN.findall(expression)
+    if not tokens or "".join(tokens).strip() == "":
+        raise ValueError("-k needs an expression, e.g. -k svm or -k 'gd_beta and not risk'")
+    position = 0
+
+    def peek():
+        return tokens[position] if position < len(tokens) else None
+
+    def take():
+        nonlocal position
+        position += 1
+        return tokens[position - 1]
+
+    def either():
+        left = both()
+        while peek() == "or":
+            take()
+            left = (lambda a, b: lambda name: a(name) or b(name))(left, both())
+        return left
+
+    def both():
+        left = negation()
+        while peek() == "and":
+            take()
+            left = (lambda a, b: lambda name: a(name) and b(name))(left, negation())
+        return left
+
+    def negation():
+        if peek() == "not":
+            take()
+            inner = negation()
+            return lambda name: not inner(name)
+        return atom()
+
+    def atom():
+        token = peek()
+        if token is None or token in (")", "and", "or"):
+            raise ValueError(f"-k: malformed expression {expression!r}")
+        take()
+        if token == "(":
+            inner = either()
+            if peek() != ")":
+                raise ValueError(f"-k: unbalanced parentheses in {expression!r}")
+            take()
+            return inner
+        word = token.lower().replace("-", "_")
+        return lambda name: word in name.lower()
+
+    predicate = either()
+    if position != len(tokens):
+        raise ValueError(f"-k: malformed expression {expression!r}")
+    return predicate
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running
+# ----------------------------------------------------------------------------------------------------------------
+
+def store_for(directory) -> engine.ResultStore:
+    return engine.ResultStore(directory, fields=RECORD_FIELDS)
+
+
+@dataclass
+class CheckRun:
+    """What ``run_checks`` finished: results in the order the claims were given (those that finished)."""
+
+    results: list[CheckResult]
+    figures: dict  # claim name -> PNG bytes or an error message
+    computed: int
+    reused: int
+    seconds: float
+    interrupted: bool = False
+    quarantined: list = field(default_factory=list)
+    missing: list = field(default_factory=list)  # claims that did not finish (an interrupted run)
+
+
+def _reusable(record: dict, draw_figures: bool) -> bool:
+    """An ERROR is the check breaking, not a verdict: it runs again. A record without its figure runs again when
+    a figure is wanted."""
+    return record["result"]["status"] != "ERROR" and (record["figure_drawn"] or not draw_figures)
+
+
+def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_jobs: int = 1,
+               scheduler: str | None = None, store=None, rerun: bool = False, draw_figures: bool = False,
+               on_result=None, on_start=None) -> CheckRun:
+    """Run ``claims`` through the engine, reusing the sound stored records whose key still matches.
+
+    ``on_result(result, reused)`` is called as each claim finishes (stored ones first), ``on_start(task)`` before
+    a claim starts in this process. Ctrl-C stops the run; what finished is returned with ``interrupted=True``
+    (and is already in the store)."""
+    started = time.perf_counter()
+    store = store if isinstance(store, engine.ResultStore) else store_for(store)
+    tasks = tasks_for(claims, setting=setting, seed=seed, draw_figures=draw_figures)
+    records: dict[str, dict] = {}
+    pending = []
+    for task in tasks:
+        if not rerun and store.has(task.key) and _reusable(store.load(task.key), draw_figures):
+            records[task.claim] = store.load(task.key)
+        else:
+            pending.append(task)
+    reused = len(records)
+    if on_result is not None:
+        for task in tasks:
+            if task.claim in records:
+                on_result(result_from_record(records[task.claim])[0], True)
+    interrupted = False
+    try:
+        for record in engine.run_tasks(order(pending), n_jobs=n_jobs, scheduler=scheduler, on_start=on_start):
+            store.write(record)
+            records[record["claim"]] = record
+            if on_result is not None:
+                on_result(result_from_record(record)[0], False)
+    except KeyboardInterrupt:
+        interrupted = True
+    results, figures = [], {}
+    for task in tasks:
+        if task.claim in records:
+            result, figure = result_from_record(records[task.claim])
+            results.append(result)
+            if figure is not None:
+                figures[result.name] = figure
+    return CheckRun(results=results, figures=figures, computed=len(records) - reused, reused=reused,
+                    seconds=time.perf_counter() - started, interrupted=interrupted,
+                    quarantined=list(store.quarantined), missing=[t.claim for t in tasks if t.claim not in records])
+
+
+def stored_results(claims: list[Claim], store, *, setting: str, seed: int) -> CheckRun:
+    """The stored outcomes of ``claims`` whose key matches the current code, without computing anything; the
+    claims without one are listed in ``missing``."""
+    store = store if isinstance(store, engine.ResultStore) else store_for(store)
+    results, figures, missing = [], {}, []
+    for task in tasks_for(claims, setting=setting, seed=seed, draw_figures=True):
+        if not store.has(task.key):
+            missing.append(task.claim)
+            continue
+        result, figure = result_from_record(store.load(task.key))
+        results.append(result)
+        if figure is not None:
+            figures[result.name] = figure
+    return CheckRun(results=results, figures=figures, computed=0, reused=len(results), seconds=0.0,
+                    quarantined=list(store.quarantined), missing=missing)
