@@ -238,3 +238,33 @@ def test_bad_check_and_report_input_is_one_line_and_exit_2(env, tmp_path, args, 
                             timeout=120, env=env, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_store_example_of_the_cli_docs_runs_as_printed(tmp_path):
+    text = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    section = text[text.index("### The store"):]
+    block = section[section.index("```\n") + 4:]
+    commands = block[:block.index("```")].strip().splitlines()
+    assert [c.split()[:2] for c in commands] == [["attnflow", "check"], ["attnflow", "report"]]
+    for command in commands:
+        result = subprocess.run([sys.executable, "-m", "attnflow.validation.cli", *command.split()[1:]],
+                                capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "random-walk-report" / "report.html").is_file()
+    assert "report of 7 stored claims" in result.stderr  # every random_walk claim, from the store
+
+
+def test_batches_keep_a_systems_short_claims_together_and_start_longest_first():
+    def task(name, seconds):
+        return claim_runs.ClaimTask(name, "quick", 0, "code", "libraries", expected=seconds)
+
+    tasks = [task("a.one", 1), task("a.two", 1), task("a.three", 9), task("b.one", 2), task("b.two", 2),
+             task("c.one", 40), task("c.two", 1)]
+    alone = claim_runs.batches(tasks, 1)
+    assert [b.tasks for b in alone] == [(t,) for t in tasks]  # one worker: every claim printed as it finishes
+    grouped = claim_runs.batches(tasks, 2)  # cap: max(40, 56 / 8) capped at 30 s, but a 40 s claim stands alone
+    assert [[t.claim for t in b.tasks] for b in grouped] == [
+        ["c.one"], ["a.one", "a.two", "a.three"], ["b.one", "b.two"], ["c.two"]]
+    assert sorted(t.claim for b in grouped for t in b.tasks) == sorted(t.claim for t in tasks)
+    short = claim_runs.batches([task(f"a.{i}", 10) for i in range(8)], 2)  # cap max(10, 80 / 8) = 10
+    assert [len(b.tasks) for b in short] == [1] * 8

@@ -38,7 +38,7 @@ class LiveBar:
         self._workers = max(1, workers)
         self._done_expected = self._done_actual = 0.0
         self._run_started = time.monotonic()
-        bar_format = None if expected is None else "{desc}: {n_fmt}/{total_fmt} {unit}s |{bar}| {elapsed}{postfix}"
+        bar_format = None if expected is None else "{n_fmt}/{total_fmt} {unit}s |{bar}| {elapsed}{postfix}"
         self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not enabled, leave=False,
                          dynamic_ncols=True, bar_format=bar_format)
         self._task = ""
@@ -75,12 +75,14 @@ class LiveBar:
         self._redraw()
 
     def remaining_seconds(self) -> float | None:
-        """The estimated wall time left: the expected seconds of the tasks not done, times how much longer than
-        expected the finished ones took, over the workers; None without expected times."""
+        """The estimated wall time left: the work done plus the expected seconds of the tasks not done (scaled by
+        how much longer than expected the finished ones took), over the workers, less the time already spent;
+        None without expected times."""
         if not self._expected and not self._done_expected:
             return None
         pace = self._done_actual / self._done_expected if self._done_expected > 0 else 1.0
-        return sum(self._expected.values()) * min(max(pace, 0.25), 4.0) / self._workers
+        work = self._done_actual + sum(self._expected.values()) * min(max(pace, 0.25), 4.0)
+        return max(work / self._workers - (time.monotonic() - self._run_started), 1.0)
 
     def write(self, text: str) -> None:
         """Print ``text`` on stdout above the bar."""
