@@ -2,6 +2,7 @@
 finish, an interrupted or killed run keeps them and resumes, and a report is rebuilt from the store alone."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -268,3 +269,30 @@ def test_batches_keep_a_systems_short_claims_together_and_start_longest_first():
     assert sorted(t.claim for b in grouped for t in b.tasks) == sorted(t.claim for t in tasks)
     short = claim_runs.batches([task(f"a.{i}", 10) for i in range(8)], 2)  # cap max(10, 80 / 8) = 10
     assert [len(b.tasks) for b in short] == [1] * 8
+
+
+def test_the_readmes_check_and_report_examples_run_as_printed(tmp_path):
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    wanted = ('attnflow check -k "svm and not rank"', "attnflow check random-walk --full", "attnflow report attnflow-full")
+    lines = [line.split("  #")[0].strip() for line in readme.splitlines() if line.startswith(wanted)]
+    assert len(lines) == 3, lines
+    for line in lines:
+        result = subprocess.run([sys.executable, "-m", "attnflow.validation.cli", *shlex.split(line)[1:]],
+                                capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        assert result.returncode == 0, (line, result.stderr)
+    assert "report of 7 stored claims" in result.stderr
+    assert (tmp_path / "rw-full" / "report.html").is_file() and len(list((tmp_path / "attnflow-full").glob("*.json"))) == 7
+
+
+def test_a_worker_that_dies_ends_the_run_in_one_line_and_keeps_what_finished(env, tmp_path):
+    store = tmp_path / "store"
+    # the plugin's claims have no measured times, so they start in the registry's order: claim_5 starts last
+    crashing = {**env, "ATTNFLOW_SLOW_CRASH": "slow.claim_5"}
+    result = attnflow(crashing, "check", "slow", "--full", "--store", str(store), "--jobs", "2", "--no-progress",
+                      expect=1)
+    error = [line for line in result.stderr.splitlines() if line.startswith("attnflow: error:")]
+    assert len(error) == 1 and "the run stopped" in error[0] and "Traceback" not in result.stderr
+    kept = len(list(store.glob("*.json")))
+    assert 1 <= kept <= 5 and f"{kept} of 6 claims finished and are kept in {store}" in error[0]
+    resumed = attnflow(env, "check", "slow", "--full", "--store", str(store), "--jobs", "2", "--no-progress")
+    assert f"computed {6 - kept} claims, reused {kept}" in resumed.stderr

@@ -257,6 +257,7 @@ class CheckRun:
     reused: int
     seconds: float
     interrupted: bool = False
+    failure: str = ""  # why the run stopped before every claim finished (a worker that died, a lost cluster)
     quarantined: list = field(default_factory=list)
     missing: list = field(default_factory=list)  # claims that did not finish (an interrupted run)
 
@@ -290,7 +291,7 @@ def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_
         for task in tasks:
             if task.claim in records:
                 on_result(result_from_record(records[task.claim])[0], True)
-    interrupted = False
+    interrupted, failure = False, ""
     try:
         # a cluster's size is not known before it runs: its batches are cut as for CLUSTER_WORKERS workers
         workers = CLUSTER_WORKERS if scheduler is not None else engine.worker_count(n_jobs, len(pending))
@@ -303,6 +304,8 @@ def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_
                     on_result(result_from_record(record)[0], False)
     except KeyboardInterrupt:
         interrupted = True
+    except Exception as error:  # a worker killed (out of memory, a crash in compiled code) or a cluster lost
+        failure = f"{type(error).__name__}: {error}".splitlines()[0]
     results, figures = [], {}
     for task in tasks:
         if task.claim in records:
@@ -311,7 +314,7 @@ def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_
             if figure is not None:
                 figures[result.name] = figure
     return CheckRun(results=results, figures=figures, computed=len(records) - reused, reused=reused,
-                    seconds=time.perf_counter() - started, interrupted=interrupted,
+                    seconds=time.perf_counter() - started, interrupted=interrupted, failure=failure,
                     quarantined=list(store.quarantined), missing=[t.claim for t in tasks if t.claim not in records])
 
 

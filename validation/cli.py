@@ -288,6 +288,10 @@ def _command_check(args) -> int:
     if args.report and results:
         path = report.write_report(results, args.report, seed=args.seed, setting=setting, figures=run.figures)
         print(f"report written to {path} and {path.with_suffix('.html')}", file=sys.stderr)
+    if run.failure:
+        print(f"attnflow: error: the run stopped ({run.failure}); {len(results)} of {len(selected)} claims finished"
+              + (f" and are kept in {store}: the same command resumes" if store is not None else ""), file=sys.stderr)
+        return 1
     if run.interrupted:
         print(f"attnflow: interrupted; {len(results)} of {len(selected)} claims finished"
               + (f" and are kept in {store}" if store is not None else ""), file=sys.stderr)

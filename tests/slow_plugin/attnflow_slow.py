@@ -3,6 +3,7 @@
 real claims."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -32,6 +33,8 @@ def _register(index: int) -> None:
            quick=dict(seconds=0.01 * (index + 1)), full=dict(seconds=0.4 * (index + 1)))
     def sleeps(seed, seconds):
         time.sleep(seconds)
+        if os.environ.get("ATTNFLOW_SLOW_CRASH") == f"slow.claim_{index}":
+            os._exit(3)  # a worker that dies as one killed for its memory would
         value = float(np.random.default_rng(seed).random())
 
         def figure():
