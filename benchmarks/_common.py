@@ -123,3 +123,15 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.3e}"
     return str(value)
+
+
+def check_documents(paths: list[str]):
+    """The ``attnflow check --json`` documents in ``paths``: files, or folders of them (one per claim, as a
+    campaign of single-claim runs leaves); empty files (a run still going) are skipped."""
+    from pathlib import Path
+
+    for path in map(Path, paths):
+        for file in sorted(path.glob("*.json")) if path.is_dir() else [path]:
+            text = file.read_text(encoding="utf-8").strip()
+            if text:
+                yield json.loads(text)

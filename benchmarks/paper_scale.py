@@ -12,8 +12,9 @@ against, so run it from the checkout that computed the outcomes (``--commit`` na
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from _common import check_documents
 
 from attnflow.validation import report, systems
 from attnflow.validation.fingerprint import module_fingerprint
@@ -26,14 +27,6 @@ both sides; `attnflow check CLAIM --full` shows them all, with tolerances), the 
 time on one core and the fingerprint of the code that computed it (its module and everything it imports within
 attnflow, as in the result store's keys).
 """
-
-
-def documents(paths: list[str]):
-    for path in map(Path, paths):
-        for file in sorted(path.glob("*.json")) if path.is_dir() else [path]:
-            text = file.read_text(encoding="utf-8").strip()
-            if text:
-                yield json.loads(text)
 
 
 def headline(result: dict) -> tuple[str, str, str]:
@@ -60,7 +53,7 @@ def main() -> None:
     p.add_argument("--append", default="", help="a Markdown file whose text follows the table (diagnoses, figures)")
     args = p.parse_args()
     results = {}
-    for document in documents(args.documents):
+    for document in check_documents(args.documents):
         if document["setting"] != "full":
             raise SystemExit("paper_scale.py takes --full documents only")
         for result in document["results"]:

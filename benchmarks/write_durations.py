@@ -15,15 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
+from _common import check_documents
+
 TABLE = Path(__file__).resolve().parent.parent / "validation" / "durations.json"
-
-
-def documents(paths: list[str]):
-    for path in map(Path, paths):
-        for file in sorted(path.glob("*.json")) if path.is_dir() else [path]:
-            text = file.read_text(encoding="utf-8").strip()
-            if text:
-                yield json.loads(text)
 
 
 def main() -> None:
@@ -31,7 +25,7 @@ def main() -> None:
     p.add_argument("documents", nargs="+", help="check --json documents, or folders of them")
     args = p.parse_args()
     table = json.loads(TABLE.read_text(encoding="utf-8"))
-    for document in documents(args.documents):
+    for document in check_documents(args.documents):
         for result in document["results"]:
             table.setdefault(document["setting"], {})[result["name"]] = round(result["seconds"], 3)
     table = {setting: dict(sorted(times.items())) for setting, times in sorted(table.items())}

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -14,3 +16,14 @@ def assert_within_standard_errors(measured_mean, standard_error, predicted, k=Z_
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261122)
+
+
+def plugin_environment(site, distribution: str, entry_point: str, source) -> dict:
+    """The environment of a process that sees ``source`` as an installed distribution registering ``entry_point``
+    (``"toy = attnflow_toy:SYSTEM"``) under ``attnflow.systems``: its metadata in the folder ``site``."""
+    info = site / f"{distribution}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[attnflow.systems]\n{entry_point}\n")
+    path = os.pathsep.join([str(site), str(source), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}

@@ -13,6 +13,8 @@ import pytest
 
 from attnflow.validation import claim_runs, systems
 
+from .conftest import plugin_environment
+
 PLUGINS = Path(__file__).parent / "slow_plugin"
 SLOW = [f"slow.claim_{i}" for i in range(6)]
 # Fast claims of seven systems, one of them a registered finding (a few seconds together on one core).
@@ -24,13 +26,7 @@ REAL = ["gd_beta.risk_formula", "gd_beta.bayes_factor_needs_bounded_snr", "one_n
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """The environment of a process that sees the slow plugin as an installed distribution."""
-    site = tmp_path_factory.mktemp("site")
-    info = site / "attnflow_slow-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: attnflow-slow\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[attnflow.systems]\nslow = attnflow_slow:SYSTEM\n")
-    path = os.pathsep.join([str(site), str(PLUGINS), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path}
+    return plugin_environment(tmp_path_factory.mktemp("site"), "attnflow_slow", "slow = attnflow_slow:SYSTEM", PLUGINS)
 
 
 def attnflow(env, *args, expect=0):

@@ -33,7 +33,7 @@ from . import claims as claims_module
 from . import systems
 from .fingerprint import module_fingerprint
 from .claims import ScalingLaw, observable
-from .engine import RUN_ID, ResultStore, run_tasks, write_atomically  # noqa: F401  (write_atomically: re-exported)
+from .engine import RUN_ID, ResultStore, run_tasks
 from .report import version
 from .stats import ExponentFit, fit_exponent
 
