@@ -296,3 +296,13 @@ def test_attention_far_from_the_signal_position_keeps_its_limit_value():
         cf.attention_weights(float("nan"), 2)
     with pytest.raises(ValueError, match="D"):
         cf.attention_weights(0.0, 1)
+
+
+def test_time_to_loss_runs_the_flow_past_its_first_horizon_when_epsilon_asks_for_it():
+    """The full setting's smallest ε at D = 4 is reached near τ ≈ 3.7·10⁷, past the first horizon (10⁷): it used to
+    end the claim in an ERROR. Halving ε multiplies the time by about 2³ (T_ε ∝ ε^{-3}, the claim's ε law)."""
+    from attnflow.validation import group_sparse as claims
+
+    times = claims._time_to_loss(GroupSparseProblem.standard(4, 4), (0.00125, 0.000625))
+    assert times[1] > claims.HORIZONS[0]
+    assert 7.5 < times[1] / times[0] < 8.5

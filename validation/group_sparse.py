@@ -371,13 +371,19 @@ def downstream_sample_complexity(seed, d, Ds, n, gamma, seeds, n_test):
               "fine_tune. Logistic regression is fitted to convergence (ridge 1e-4), a stronger baseline than one SGD pass.")
 
 
-def _time_to_loss(problem: GroupSparseProblem, epsilons, horizon: float = 1e7) -> np.ndarray:
-    """τ at which the sub-model's gradient flow reaches each loss ε (log-log interpolation on a dense log grid)."""
-    run = dyn.position_only_flow(problem, np.geomspace(1.0, horizon, 200))
-    loss = run.metrics["loss"]
-    if loss[-1] > min(epsilons):
-        raise RuntimeError(f"the flow did not reach loss {min(epsilons):g} by τ = {horizon:g} (D = {problem.D})")
-    return np.exp(np.interp(np.log(epsilons), np.log(loss[::-1]), np.log(run.times[::-1])))
+HORIZONS = (1e7, 1e8, 1e9, 1e10)  # τ ∝ ε^{-3}: each halving of ε asks for 8 times longer
+
+
+def _time_to_loss(problem: GroupSparseProblem, epsilons) -> np.ndarray:
+    """τ at which the sub-model's gradient flow reaches each loss ε (log-log interpolation on a dense log grid),
+    on the first horizon of ``HORIZONS`` that reaches the smallest ε (the full setting's ε = 0.000625 at D = 4
+    needs τ ≈ 1.2·10⁷)."""
+    for horizon in HORIZONS:
+        run = dyn.position_only_flow(problem, np.geomspace(1.0, horizon, 200))
+        loss = run.metrics["loss"]
+        if loss[-1] <= min(epsilons):
+            return np.exp(np.interp(np.log(epsilons), np.log(loss[::-1]), np.log(run.times[::-1])))
+    raise RuntimeError(f"the flow did not reach loss {min(epsilons):g} by τ = {HORIZONS[-1]:g} (D = {problem.D})")
 
 
 @claim(
