@@ -292,3 +292,24 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_and_keeps_what_finished(env
     assert 1 <= kept <= 5 and f"{kept} of 6 claims finished and are kept in {store}" in error[0]
     resumed = attnflow(env, "check", "slow", "--full", "--store", str(store), "--jobs", "2", "--no-progress")
     assert f"computed {6 - kept} claims, reused {kept}" in resumed.stderr
+
+
+def test_calibrate_full_runs_the_full_setting_and_keeps_its_rows_apart(env, tmp_path):
+    table, store = tmp_path / "calibration-full.md", tmp_path / "store"
+    single = json.loads(attnflow(env, "calibrate", "slow.claim_0", "--full", "--seeds", "3", "--jobs", "2",
+                                 "--store", str(store), "--json", "--no-progress").stdout)
+    assert single["setting"] == "full" and single["seeds"] == 3 and single["alarms"] == 0
+    attnflow(env, "calibrate", "--full", "--table", str(table), "slow.claim_0", "--seeds", "20", "--jobs", "2",
+             "--store", str(store), "--no-progress")
+    rows = json.loads(table.with_suffix(".json").read_text())["claims"]
+    assert [(r["claim"], r["setting"], r["seeds"]) for r in rows] == [("slow.claim_0", "full", 20)]
+    assert "attnflow check CLAIM --full --seed s + i" in table.read_text()
+    mixed = attnflow(env, "calibrate", "--table", str(table), "slow.claim_0", "--seeds", "20", expect=2)
+    assert "a table holds one setting" in mixed.stderr
+    # a stale row is carried only if its witnesses reproduce, rerun at the row's own (full) setting
+    document = json.loads(table.with_suffix(".json").read_text())
+    document["claims"][0]["code"] = "0" * 16
+    table.with_suffix(".json").write_text(json.dumps(document))
+    verified = attnflow(env, "calibrate", "--table", str(table), "--verify", "--jobs", "1", "--store",
+                        str(tmp_path / "verify"), "--no-progress")
+    assert "slow.claim_0: carried" in verified.stdout

@@ -72,6 +72,7 @@ class Calibration:
     code: str = ""  # fingerprint of the code that computed the seeds (validation/fingerprint.py)
     failing_seeds: tuple = ()  # the --seed of every run not as registered
     witnesses: tuple = ()  # (seed, status, measured digest) of the first WITNESSES seeds
+    setting: str = "quick"  # the claim's setting the seeds ran at
 
     @property
     def rate(self) -> float:
@@ -86,12 +87,13 @@ class Calibration:
         return dict(claim=self.claim, seeds=self.seeds, alarms=self.alarms, errors=self.errors, rate=self.rate,
                     interval=[self.low, self.high], level=LEVEL, nominal=self.nominal, calibrated=self.calibrated,
                     computed=self.computed, reused=self.reused, seconds_per_seed=round(self.seconds, 3),
-                    failing_seeds=list(self.failing_seeds))
+                    failing_seeds=list(self.failing_seeds), setting=self.setting)
 
 
 def calibrate(claim: str, *, seeds: int, first_seed: int, store=None, n_jobs: int = -1,
-              scheduler: str | None = None, progress: bool = False) -> Calibration:
-    """Run ``claim`` at its quick setting over ``seeds`` seeds and compare its false-FAIL rate with its nominal one.
+              scheduler: str | None = None, progress: bool = False, full: bool = False) -> Calibration:
+    """Run ``claim`` at its quick (or, with ``full``, its full) setting over ``seeds`` seeds and compare its
+    false-FAIL rate with its nominal one.
 
     Finished replicates go to ``store`` as they complete (see :func:`attnflow.validation.sweep.run_sweep`)."""
     if isinstance(seeds, bool) or int(seeds) != seeds or seeds < 1:
@@ -101,7 +103,7 @@ def calibrate(claim: str, *, seeds: int, first_seed: int, store=None, n_jobs: in
         raise ValueError(f"calibrate one claim, not {claim!r} ({len(selected)} claims)")
     found = selected[0]
     result = sweep.run_replicates(found.name, {}, master_seed=first_seed, seeds=int(seeds), store=store, runs=True,
-                                  n_jobs=n_jobs, scheduler=scheduler, progress=progress)
+                                  n_jobs=n_jobs, scheduler=scheduler, progress=progress, full=full)
     statuses = [r["result"]["status"] for r in result.records]
     registered = {"FINDING"} if found.finding else {"PASS"}
     alarms = sum(status not in registered for status in statuses)
@@ -122,7 +124,7 @@ def calibrate(claim: str, *, seeds: int, first_seed: int, store=None, n_jobs: in
                        code=result.records[0]["code"],
                        failing_seeds=tuple(first_seed + r["replicate"] for r, status in zip(result.records, statuses)
                                            if status not in registered),
-                       witnesses=tuple(witness(r, first_seed) for r in first))
+                       witnesses=tuple(witness(r, first_seed) for r in first), setting="full" if full else "quick")
 
 
 def witness(record: dict, first_seed: int) -> tuple:
@@ -131,12 +133,12 @@ def witness(record: dict, first_seed: int) -> tuple:
 
 
 def depends_on_seed(claim: str, *, first_seed: int, store=None, n_jobs: int = -1,
-                    scheduler: str | None = None) -> bool:
+                    scheduler: str | None = None, full: bool = False) -> bool:
     """Whether ``claim`` measures different numbers at the first two seeds of a calibration (a check that does
     not is deterministic and has no false-FAIL rate to measure). The two seeds are the calibration's own seeds 0
     and 1, so with a store a later calibration reuses them."""
     result = sweep.run_replicates(claim, {}, master_seed=first_seed, seeds=2, store=store, runs=True, n_jobs=n_jobs,
-                                  scheduler=scheduler)
+                                  scheduler=scheduler, full=full)
     first, second = (record["result"] for record in result.records)  # status, rate and measured numbers
     # A claim that crashed is calibrated (its ERRORs count as alarms), never taken for deterministic.
     return first != second or "ERROR" in (first["status"], second["status"])
@@ -281,7 +283,8 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     if refused:
         return refused
     for expected in witnesses:
-        status, digest = _rerun(claim, expected[0], store=store, n_jobs=n_jobs, scheduler=scheduler)
+        status, digest = _rerun(claim, expected[0], store=store, n_jobs=n_jobs, scheduler=scheduler,
+                                full=row.get("setting") == "full")
         if [status, digest] != list(expected[1:]):
             if here is None:  # the bits may differ through the platform alone
                 return (f"changed at seed {expected[0]}, against witnesses recorded on another platform "
@@ -301,10 +304,12 @@ def verify_row(markdown, claim: str, *, store=None, n_jobs: int = -1, scheduler:
     return "current" if read_table(markdown).get(claim, {}).get("code") == current else "rewritten meanwhile"
 
 
-def _rerun(claim: str, seed: int, *, store, n_jobs: int, scheduler: str | None) -> tuple[str, str | None]:
-    """(status, measured digest) of ``attnflow check CLAIM --seed seed``, possibly reused from ``store``."""
+def _rerun(claim: str, seed: int, *, store, n_jobs: int, scheduler: str | None,
+           full: bool = False) -> tuple[str, str | None]:
+    """(status, measured digest) of ``attnflow check CLAIM --seed seed`` (``--full``), possibly reused from
+    ``store``."""
     result = sweep.run_replicates(claim, {}, master_seed=seed, seeds=1, store=store, runs=True, n_jobs=n_jobs,
-                                  scheduler=scheduler)
+                                  scheduler=scheduler, full=full)
     record = result.records[0]  # possibly reused from the store, where it may carry another replicate index
     return record["result"]["status"], record["result"].get("measured_digest")
 
@@ -326,7 +331,8 @@ def rewitness_row(markdown, claim: str, *, store=None, n_jobs: int = -1, schedul
         return refused
     recorded = []
     for seed, status, _ in witnesses:
-        status_here, digest = _rerun(claim, seed, store=store, n_jobs=n_jobs, scheduler=scheduler)
+        status_here, digest = _rerun(claim, seed, store=store, n_jobs=n_jobs, scheduler=scheduler,
+                                     full=row.get("setting") == "full")
         if status_here != status:
             return f"seed {seed} is {status_here} on this platform and was {status}: recalibrate here"
         recorded.append([seed, status, digest])
@@ -362,13 +368,15 @@ def _code(row: dict) -> str:
 def render_table(rows: list[dict]) -> str:
     """docs/calibration.md: how the table is made, then one row per stochastic claim."""
     calibrated = sum(row["calibrated"] for row in rows)
+    full = any(row.get("setting") == "full" for row in rows)
+    setting, table = ("full", "docs/calibration-full.md") if full else ("quick", "docs/calibration.md")
     lines = [
         "# Calibration: how often each stochastic claim fails when the theory holds",
         "",
         "Every claim whose verdict depends on its seed states a nominal false-FAIL rate (`false_fail_rate` in",
         "`attnflow check --json`), derived from its tolerance's statistical basis. Each row below ran that claim at",
-        "its quick setting as independent runs, replicate i of a calibration from seed s being exactly",
-        "`attnflow check CLAIM --seed s + i` (its random instance included), and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or a",
+        f"its {setting} setting as independent runs, replicate i of a calibration from seed s being exactly",
+        f"`attnflow check CLAIM{' --full' if full else ''} --seed s + i` (its random instance included), and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or a",
         "registered finding that did not reproduce; the first of them are listed, so each can be replayed. The count is Binomial(seeds, rate); the interval is the exact",
         f"{LEVEL:.0%} Clopper–Pearson interval. A claim is **calibrated** when that interval does not lie wholly",
         f"above its nominal rate and the measured rate is at most the nominal rate or {RESOLUTION:.0%}, whichever is",
@@ -382,14 +390,14 @@ def render_table(rows: list[dict]) -> str:
         "Regenerate a row (or the whole table, without names) with",
         "",
         "```",
-        "attnflow calibrate --table docs/calibration.md [CLAIM or SYSTEM ...] --seeds 200",
+        f"attnflow calibrate{' --full' if full else ''} --table {table} [CLAIM or SYSTEM ...] --seeds {20 if full else 200}",
         "```",
         "",
-        "which resumes from its store after an interruption and rewrites this file and docs/calibration.json after",
-        "every claim. `code` is the fingerprint of the source that computed the row (the claim's module and the",
+        f"which resumes from its store after an interruption and rewrites this file and {table[:-3]}.json after",
+        f"every claim. `code` is the fingerprint of the source that computed the row (the claim's module and the",
         "attnflow modules it imports): a row whose fingerprint differs from the current code's is stale. Each row also",
         f"keeps the status and measured-value digest of its first {WITNESSES} seeds; `attnflow calibrate --table",
-        "docs/calibration.md --verify` reruns only those seeds for every stale row and, when they reproduce bit for",
+        f"{table} --verify` reruns only those seeds for every stale row and, when they reproduce bit for",
         "bit and the claim's own source (its digest is kept too) is unchanged, carries the row forward to the",
         "current fingerprint, showing in brackets the one that computed it. Those bits depend on the platform too",
         "(the CPU, Python, numpy, scipy, numba): the digests are kept per platform, and `--rewitness` records this",

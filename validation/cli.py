@@ -108,6 +108,8 @@ def _build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--table", metavar="FILE.md",
                            help="calibrate every claim named that depends on its seed (others are skipped) and keep the "
                                 "rows in this Markdown table and its .json twin, rewritten after every claim")
+    calibrate.add_argument("--full", action="store_true",
+                           help="calibrate at the full (paper-scale) setting; a table holds rows of one setting")
     calibrate.add_argument("--seeds", type=int, help="independent seeds (default 200)")
     calibrate.add_argument("--seed", type=int, help="first seed: replicate i is the run --seed SEED + i (default 0)")
     calibrate.add_argument("--jobs", type=int, default=-1, help="joblib workers (default: all cores)")
@@ -358,7 +360,7 @@ def _command_calibrate(args) -> int:
     store = f"{args.store.rstrip('/')}/{claim.replace('-', '_')}"
     found = calibration.calibrate(claim, seeds=args.seeds, first_seed=args.seed, store=store,
                                   n_jobs=args.jobs, scheduler=args.scheduler,
-                                  progress=wanted(quiet=args.no_progress or args.json))
+                                  progress=wanted(quiet=args.no_progress or args.json), full=args.full)
     if args.json:
         print(json.dumps(claims_module.to_jsonable(dict(schema="attnflow.calibrate/1",
                                                         attnflow_version=report.version(), seed=args.seed,
@@ -387,13 +389,20 @@ def _calibrate_table(args) -> int:
         raise ValueError(f"--json prints one claim's calibration; the table's JSON twin is written beside {args.table}")
     _check_output_file(args.table, "--table")
     rows = calibration.read_table(args.table)  # an unreadable table stops here, before any work
+    setting = "full" if args.full else "quick"
     if args.verify or args.rewitness:
+        if args.full:
+            raise ValueError("--verify and --rewitness rerun each row at the setting it was calibrated at: drop --full")
         return _verify_table(args, rows)
+    other = sorted(name for name, row in rows.items() if row.get("setting", "quick") != setting)
+    if other:
+        raise ValueError(f"{args.table} holds rows of the {'quick' if args.full else 'full'} setting ({other[0]}, …): "
+                         f"a table holds one setting; give another --table for --{setting}")
     chosen = systems.select(args.claims or None)
     all_calibrated = True
     for claim in chosen:
         store = f"{args.store.rstrip('/')}/{claim.name}"
-        options = dict(first_seed=args.seed, store=store, n_jobs=args.jobs, scheduler=args.scheduler)
+        options = dict(first_seed=args.seed, store=store, n_jobs=args.jobs, scheduler=args.scheduler, full=args.full)
         # Two seeds say whether the claim depends on its seed at all; the store keeps them for the full run.
         if not calibration.depends_on_seed(claim.name, **options):
             dropped = calibration.drop_from_table(args.table, claim.name)

@@ -66,11 +66,15 @@ class Task:
     seed: dict  # the replicate's SeedSequence as a record (attnflow.seeding.to_record)
     replicate: int
     code: str  # fingerprint of the source that computes the target
+    setting: str = "quick"  # a claim's setting; "full" runs it at paper scale
 
     @property
     def key(self) -> str:
-        payload = json.dumps(dict(target=self.target, params=[[k, _canonical(v)] for k, v in self.params],
-                                  seed=self.seed, version=version(), code=self.code), sort_keys=True)
+        fields = dict(target=self.target, params=[[k, _canonical(v)] for k, v in self.params], seed=self.seed,
+                      version=version(), code=self.code)
+        if self.setting != "quick":  # quick keys stay those of stores written before settings were keyed
+            fields["setting"] = self.setting
+        payload = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
     def as_dict(self) -> dict:
@@ -120,7 +124,7 @@ def run_seed(first_seed: int, replicate: int) -> np.random.SeedSequence:
     return seeding.as_seed_sequence(first_seed + replicate, "seed")
 
 
-def _tasks(target: str, grid: dict, seeds: int, master_seed, runs: bool) -> list[Task]:
+def _tasks(target: str, grid: dict, seeds: int, master_seed, runs: bool, setting: str = "quick") -> list[Task]:
     names = sorted(grid)
     code = target_fingerprint(target)
     seed_of = (lambda i: run_seed(master_seed, i)) if runs else (lambda i: replicate_seed(master_seed, i))
@@ -128,7 +132,7 @@ def _tasks(target: str, grid: dict, seeds: int, master_seed, runs: bool) -> list
     for values in itertools.product(*(grid[n] for n in names)):
         params = tuple(zip(names, values))
         for i in range(seeds):
-            tasks.append(Task(target, params, seeding.to_record(seed_of(i)), i, code))
+            tasks.append(Task(target, params, seeding.to_record(seed_of(i)), i, code, setting))
     return tasks
 
 
@@ -156,7 +160,7 @@ def execute_task(task: Task) -> dict:
         result = _numbers_only(obs.measure(seed, **task.as_dict()))
     else:
         claim = systems.select([task.target])[0]
-        outcome = claims_module.run_claim(claim, seed=seed, **task.as_dict())
+        outcome = claims_module.run_claim(claim, seed=seed, full=task.setting == "full", **task.as_dict())
         # The digest covers what the numbers leave out (text such as "17/20 (95% CP …)"), so two runs that
         # measured anything differently are told apart.
         measured = json.dumps(claims_module.to_jsonable(outcome.measured), sort_keys=True, default=str)
@@ -221,7 +225,7 @@ def target_law(target: str) -> ScalingLaw | None:
     return obs.law if obs is not None else None
 
 
-def _validate_target(target: str, grid: dict) -> None:
+def _validate_target(target: str, grid: dict, full: bool = False) -> None:
     obs = systems.find_observable(target)
     if obs is not None:
         defaults = obs.defaults
@@ -232,7 +236,7 @@ def _validate_target(target: str, grid: dict) -> None:
         claim = systems.select([target])[0]  # raises ValueError for an unknown name
         if claim.name != target.replace("-", "_"):
             raise ValueError(f"sweep a single claim or observable, not the system {target!r}")
-        defaults = claim.quick
+        defaults = claim.full if full else claim.quick
         unknown = set(grid) - set(defaults)
         if unknown:
             raise ValueError(f"{target} has no setting(s) {sorted(unknown)}; it takes {sorted(defaults)}")
@@ -275,12 +279,13 @@ def run_sweep(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: 
 
 def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: int = 8, store=None,
                    n_jobs: int = -1, scheduler: str | None = None, progress: bool = False,
-                   runs: bool = False) -> SweepResult:
+                   runs: bool = False, full: bool = False) -> SweepResult:
     """:func:`run_sweep` without the requirement of a grid: with ``grid = {}`` the target runs at its own
     settings over ``seeds`` replicates (what calibration needs).
 
     ``runs=True`` makes replicate i the independent run ``--seed master_seed + i`` (:func:`run_seed`), with its
-    own random instance; by default replicates are children of ``master_seed`` and share the run's instance."""
+    own random instance; by default replicates are children of ``master_seed`` and share the run's instance.
+    ``full=True`` runs a claim at its full (paper-scale) setting."""
     target = target.replace("-", "_") if "." in target else target
     if isinstance(n_jobs, bool) or int(n_jobs) != n_jobs or not (n_jobs == -1 or n_jobs >= 1):
         raise ValueError(f"n_jobs (--jobs) must be a number of workers >= 1, or -1 for every core; got {n_jobs}")
@@ -291,9 +296,11 @@ def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, se
         raise ValueError(f"with independent runs the seed must be a non-negative integer, got {master_seed!r}")
     first = int(master_seed) if runs else None
     master_seed = seeding.as_seed_sequence(master_seed, "master_seed")
-    _validate_target(target, grid)
+    if full and systems.find_observable(target) is not None:
+        raise ValueError(f"{target} is an observable: it has no full setting (sweep its parameters instead)")
+    _validate_target(target, grid, full)
     store = store if isinstance(store, ResultStore) else result_store(store)
-    tasks = _tasks(target, grid, int(seeds), first if runs else master_seed, runs)
+    tasks = _tasks(target, grid, int(seeds), first if runs else master_seed, runs, "full" if full else "quick")
     pending = [t for t in tasks if not store.has(t.key)]
     started = time.perf_counter()
     from tqdm import tqdm

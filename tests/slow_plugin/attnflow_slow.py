@@ -43,7 +43,7 @@ def _register(index: int) -> None:
             ax.legend()
             return fig
 
-        return Outcome(measured={"value": value}, predicted={"upper": 1.0}, tolerance="0 <= value < 1",
+        return Outcome(measured={"value": value, "sleep": seconds}, predicted={"upper": 1.0}, tolerance="0 <= value < 1",
                        basis="a uniform draw", passed=0.0 <= value < 1.0, figure=figure if index == 0 else None)
 
 
