@@ -127,11 +127,16 @@ def _cell(value: object) -> str:
 
 def check_documents(paths: list[str]):
     """The ``attnflow check --json`` documents in ``paths``: files, or folders of them (one per claim, as a
-    campaign of single-claim runs leaves); empty files (a run still going) are skipped."""
+    campaign of single-claim runs leaves, or a ``check --store`` folder, whose records each hold one claim's
+    entry); empty files (a run still going) are skipped."""
     from pathlib import Path
 
     for path in map(Path, paths):
         for file in sorted(path.glob("*.json")) if path.is_dir() else [path]:
             text = file.read_text(encoding="utf-8").strip()
-            if text:
-                yield json.loads(text)
+            if not text:
+                continue
+            document = json.loads(text)
+            if document.get("kind") == "check":  # a stored outcome
+                document = dict(setting=document["setting"], results=[document["result"]])
+            yield document

@@ -29,7 +29,7 @@ from .parameters import Parameter, parse_parameters
 
 __all__ = ["OneNNProblem", "t_density", "ReducedLoss", "reduced_loss", "reduced_loss_on_grid",
            "reduced_loss_adaptive", "reduced_gd_step", "reduced_flow_rhs", "pack_reduced_params",
-           "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "DYNAMICS_RESOLUTION"]
+           "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "MAX_GRID", "DYNAMICS_RESOLUTION"]
 
 # (n_theta, n_lambda) to start refining from: ~1e-3 relative error for ξ₁ <= 40 (docs/one_nn.md §6).
 DEFAULT_GRID = (500, 300)
@@ -58,7 +58,8 @@ class Resolution:
 
 
 DYNAMICS_RESOLUTION = Resolution()
-_MAX_GRID = (8000, 2400)
+# reduced_loss refines until the next doubling would exceed this (n_theta, n_lambda): it stops at 7985 × 4785.
+MAX_GRID = (8000, 2400)
 
 
 @dataclass(frozen=True)
@@ -666,7 +667,7 @@ def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
 
 
 def reduced_loss(problem: OneNNProblem, xi1: float, xi2: float, *, rtol: float = 1e-4,
-                 grid=DEFAULT_GRID, max_grid=_MAX_GRID) -> ReducedLoss:
+                 grid=DEFAULT_GRID, max_grid=MAX_GRID) -> ReducedLoss:
     """L(ξ₁, ξ₂) and ∇L by quadrature (docs/one_nn.md §6) to a requested relative accuracy.
 
     Returns the Richardson extrapolation L_fine + (L_fine − L_coarse)/3 of the second-order scheme. The grid

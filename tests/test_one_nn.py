@@ -300,3 +300,19 @@ def test_loss_at_large_xi_with_two_neighbours_matches_monte_carlo():
         reference = cf.reduced_loss(problem, 200.0, 400.0, rtol=1e-4)
     assert reference.loss > 0
     assert_within_standard_errors(mc["loss"].mean, mc["loss"].standard_error, reference.loss)
+
+
+def test_the_masked_query_loss_resolves_large_xi1_beyond_the_default_largest_grid():
+    """At ξ₁ = 100 the default largest grid (7985 × 4785) leaves a relative error of 5.7e-5; one_nn.asymptotic_constant
+    multiplies it by ξ₁, and at --full (ξ₁ up to 200) its error bars swallowed the increments they bound, a FAIL.
+    The claim's quadrature doubles the grid per doubling of ξ₁ beyond 50, which quarters the second-order error."""
+    from attnflow.validation.one_nn import masked_query_loss
+
+    problem = OneNNProblem(4, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # neither meets rtol 1e-5 exactly; the sizes are the point
+        default = cf.reduced_loss(problem, 100.0, math.inf, rtol=1e-5)
+        grown = masked_query_loss(problem, 100.0)
+    assert default.grid == (7985, 4785) and grown.grid[0] > default.grid[0]
+    assert grown.loss_error / grown.loss < 2e-5 < default.loss_error / default.loss
+    assert abs(grown.loss - default.loss) < 3 * default.loss_error  # the same value, known more precisely
