@@ -354,11 +354,15 @@ def related_transition(problem: SCBProblem, rho: float, *, seed, noise: float = 
 
 
 def stage1_duration(problem: SCBProblem, eta: float, c: float = 0.1) -> dict:
-    """Predicted Stage-1 duration (docs/scb.md §8.4): τ₁ = log(2c/ε) in normalised time and
-    t₁ ≈ log(1 + 2cTK_Q)/log(1 + η) steps of the normalised map."""
+    """Predicted Stage-1 duration (docs/scb.md §8.4): τ₁ = log(2c/ε) − ½·log(1 − c²) in normalised time, the
+    crossing of α_V ≈ α_Q = a under da/dτ = a(1 − a²) started on s_α = ε(e^τ − 1), exact as ε → 0; and
+    t₁ ≈ log(1 + 2cTK_Q)/log(1 + η) steps of the normalised map (its linear phase)."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    c = check.real(c, "c", minimum=0.0, strict=True)
-    return dict(tau=math.log(2 * c / problem.epsilon), steps=math.log1p(2 * c * problem.T * problem.K_Q) / math.log1p(eta))
+    c = check.real(c, "c", minimum=0.0, strict=True, maximum=1.0)
+    if c >= 1.0:
+        raise ValueError(f"c must be < 1 (the flow's fixed point is α_V = α_Q = 1), got {c}")
+    tau = math.log(2 * c / problem.epsilon) - 0.5 * math.log1p(-c * c)
+    return dict(tau=tau, steps=math.log1p(2 * c * problem.T * problem.K_Q) / math.log1p(eta))
 
 
 def slow_mode_rate(problem: SCBProblem) -> float:

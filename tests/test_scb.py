@@ -371,3 +371,29 @@ def test_critical_batch_refuses_a_stage1_exit_level_the_line_never_reaches():
 
     result = run_claim(select(["scb.critical_batch"])[0], seed=0, c1=1.5)
     assert result.status == "ERROR" and "c1 must lie in (0, 1)" in result.notes
+
+
+@pytest.mark.parametrize("epsilon", [1e-4, 1e-6])
+def test_stage1_duration_is_the_flows_crossing_time_as_epsilon_vanishes(epsilon):
+    """τ₁ = log(2c/ε) − ½ log(1 − c²) against the normalised flow itself (DOPRI5 from the origin, crossing found on
+    a dense grid): they agree to O(ε/c), and the linear phase's log(2c/ε) alone is late by ½ log(1 − c²)·(−1),
+    0.005 at c = 0.1, which the --full setting of scb.stage1_duration exposed."""
+    from types import SimpleNamespace
+
+    c = 0.1
+    predicted = cf.stage1_duration(SimpleNamespace(epsilon=epsilon, T=1, K_Q=1 / epsilon), 0.25, c)["tau"]
+    taus = np.linspace(predicted - 0.5, predicted + 0.5, 20001)
+    top = dyn.normalised_flow(epsilon, [0.0, 0.0], np.concatenate([[0.0], taus]),
+                              rtol=1e-12, atol=1e-16).states["alpha"][1:].max(axis=1)
+    i = int(np.argmax(top >= c))
+    crossing = float(np.interp(c, top[i - 1:i + 1], taus[i - 1:i + 1]))
+    assert abs(crossing - predicted) < 2 * epsilon / c
+    assert abs(crossing - math.log(2 * c / epsilon) + 0.5 * math.log1p(-c * c)) < 2 * epsilon / c
+    assert crossing - math.log(2 * c / epsilon) > 0.9 * (-0.5 * math.log1p(-c * c))
+
+
+def test_stage1_duration_refuses_a_level_at_or_past_the_fixed_point():
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match="c must be"):
+        cf.stage1_duration(SimpleNamespace(epsilon=1e-3, T=1, K_Q=1e3), 0.25, 1.0)
