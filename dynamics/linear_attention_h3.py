@@ -24,7 +24,7 @@ from .montecarlo import (MonteCarloMean, RegressionPrompts, Trajectory, check_ru
                          prompt_risk)
 from .optimizers import OPTIMIZERS
 
-__all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference",
+__all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference", "bounded_chunk", "CHUNK_FLOATS",
            "pgd_predict", "wpgd_predict", "attention_forward", "h3_forward", "MODELS", "VALUE_INITS", "make_model",
            "train", "trained_predictor", "PARAMETER_NAMES", "population_trajectory",
            "correlated_population_trajectory", "population", "minibatch"]
@@ -78,9 +78,20 @@ def token_matrices(prompts: Prompts) -> np.ndarray:
     return Z
 
 
+CHUNK_FLOATS = 50_000_000  # a chunk's examples X hold at most this many numbers (400 MB; a prompt holds n·d)
+
+
+def bounded_chunk(problem: H3Problem, chunk: int) -> int:
+    """``chunk`` prompts, or fewer when their examples would exceed ``CHUNK_FLOATS`` numbers: at n = 2000, d = 20 a
+    chunk of 50 000 prompts asked for 16 GB per array and the process was killed for its memory. The chunks of
+    every quick setting are unchanged (the chunk size picks the generators, so it is part of the numbers)."""
+    return max(1, min(int(chunk), CHUNK_FLOATS // (problem.n * problem.d)))
+
+
 def monte_carlo_risk(problem: H3Problem, predict, count: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
     """Brute-force risk E(ŷ − y_q)² of ``predict(prompts) -> (B,)`` over ``count`` fresh prompts."""
-    return prompt_risk(lambda rng, m: sample_prompts(problem, m, rng), predict, count, seed=seed, chunk=chunk)
+    return prompt_risk(lambda rng, m: sample_prompts(problem, m, rng), predict, count, seed=seed,
+                       chunk=bounded_chunk(problem, chunk))
 
 
 def paired_risk_difference(problem: H3Problem, predict, reference, count: int, *, seed: SeedLike,
@@ -92,7 +103,7 @@ def paired_risk_difference(problem: H3Problem, predict, reference, count: int, *
         prompts = sample_prompts(problem, m, rng)
         return (predict(prompts) - prompts.y_query) ** 2 - (reference(prompts) - prompts.y_query) ** 2
 
-    return monte_carlo_mean(differences, count, seed=seed, chunk=chunk)
+    return monte_carlo_mean(differences, count, seed=seed, chunk=bounded_chunk(problem, chunk))
 
 
 def pgd_predict(prompts: Prompts, W) -> np.ndarray:

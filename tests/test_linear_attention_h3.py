@@ -387,3 +387,19 @@ def test_kappa_finding_turns_to_fail_if_the_multiplier_held(monkeypatch):
 def test_training_claim_fails_when_training_is_too_short():
     result = run_claim(select(["linear_attention_h3.trained_attention_reaches_optimum"])[0], seed=0, steps=30)
     assert result.status == "FAIL"
+
+
+def test_monte_carlo_chunks_are_bounded_in_memory_and_unchanged_where_they_fit():
+    """A chunk of prompts holds at most CHUNK_FLOATS example numbers: at n = 2000, d = 20 (rag_risk_floor --full)
+    the old 50 000-prompt chunk asked for 16 GB per array and the run was killed at 24 GB. Where a chunk fits (every
+    quick setting) it is the one asked for, so the generators and the numbers are those of before."""
+    big = H3Problem(H=np.eye(20), Psi=np.eye(20), sigma2=0.2, n=2000)
+    small = H3Problem(H=np.eye(5), Psi=np.eye(5), sigma2=0.2, n=200)
+    assert dyn.bounded_chunk(big, 50_000) == 1250 and 1250 * 2000 * 20 <= dyn.CHUNK_FLOATS
+    assert dyn.bounded_chunk(small, 50_000) == 50_000
+    from attnflow.dynamics.montecarlo import prompt_risk
+
+    predict = lambda p: dyn.pgd_predict(p, np.eye(5) / 200)  # noqa: E731
+    bounded = dyn.monte_carlo_risk(small, predict, 3000, seed=1, chunk=1000)
+    direct = prompt_risk(lambda rng, m: dyn.sample_prompts(small, m, rng), predict, 3000, seed=1, chunk=1000)
+    assert bounded == direct  # a chunk that fits is passed through as asked: the same generators, the same bits
