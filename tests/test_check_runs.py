@@ -313,3 +313,16 @@ def test_calibrate_full_runs_the_full_setting_and_keeps_its_rows_apart(env, tmp_
     verified = attnflow(env, "calibrate", "--table", str(table), "--verify", "--jobs", "1", "--store",
                         str(tmp_path / "verify"), "--no-progress")
     assert "slow.claim_0: carried" in verified.stdout
+
+
+def test_the_paper_scale_page_lists_every_claim_with_a_verdict_and_its_figures_exist():
+    docs = Path(__file__).parent.parent / "docs"
+    page = (docs / "paper-scale.md").read_text()
+    for claim in systems.select([]):
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{claim.name}` |")), None)
+        assert row is not None, claim.name
+        assert row.split("|")[2].strip() in ("**PASS**", "**FINDING**"), row
+        assert ("FINDING" in row) == bool(claim.finding), row  # findings are exactly the registered ones
+    figures = [line.split("](")[1].split(")")[0] for line in page.splitlines() if "![](" in line
+               for line in line.split("| ") if "![](" in line]
+    assert figures and all((docs / figure).is_file() for figure in figures)
