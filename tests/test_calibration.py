@@ -179,16 +179,19 @@ def test_an_unreadable_table_is_named_and_left_alone(tmp_path, capsys):
     assert main(["calibrate", CLAIM, "gd_beta.lsa_gap"]) == 2  # several claims need a table
 
 
-def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims():
-    """docs/calibration.md is generated from docs/calibration.json; every row names a registered claim, ran at
-    least calibration.MIN_TABLE_SEEDS seeds, and its interval and verdict follow from its counts by the stated rule."""
+@pytest.mark.parametrize("name, setting", [("calibration", "quick"), ("calibration-full", "full")])
+def test_the_published_table_is_in_sync_with_its_json_and_names_real_claims(name, setting):
+    """docs/calibration.md (quick) and docs/calibration-full.md (full) are generated from their JSON twins; every row
+    names a registered claim, ran at the table's setting and at least calibration.MIN_TABLE_SEEDS seeds, and its
+    interval and verdict follow from its counts by the stated rule."""
     from pathlib import Path
 
     from attnflow import select
 
-    table = Path(__file__).resolve().parents[1] / "docs" / "calibration.md"
+    table = Path(__file__).resolve().parents[1] / "docs" / f"{name}.md"
     rows = calibration.read_table(table)
-    assert rows, "docs/calibration.json holds no calibration"
+    assert rows, f"docs/{name}.json holds no calibration"
+    assert {row.get("setting", "quick") for row in rows.values()} == {setting}
     assert table.read_text(encoding="utf-8") == calibration.render_table([rows[name] for name in sorted(rows)])
     for name, row in rows.items():
         assert select([name])[0].name == name
