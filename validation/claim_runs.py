@@ -31,7 +31,7 @@ from . import engine, report, systems
 from .claims import CheckResult, Claim, run_claim
 from .fingerprint import module_fingerprint
 
-__all__ = ["ClaimTask", "ClaimBatch", "batches", "CheckRun", "RECORD_FIELDS", "run_checks", "result_from_record", "tasks_for", "order",
+__all__ = ["ClaimTask", "ClaimBatch", "batches", "CheckRun", "RECORD_FIELDS", "run_checks", "result_from_record", "figure_from_record", "tasks_for",
            "expected_seconds", "match_expression", "library_versions", "store_for", "stored_results"]
 
 RECORD_FIELDS = ("key", "kind", "claim", "setting", "seed", "version", "libraries", "code", "platform", "result",
@@ -93,18 +93,22 @@ def _render(result: CheckResult) -> dict | None:
     return dict(png=base64.b64encode(buffer.getvalue()).decode("ascii"))
 
 
-def result_from_record(record: dict) -> tuple[CheckResult, bytes | str | None]:
-    """The CheckResult a record holds, and its figure (PNG bytes, an error message, or None)."""
+def result_from_record(record: dict) -> CheckResult:
+    """The CheckResult a record holds."""
     r = record["result"]
-    result = CheckResult(name=r["name"], system=r["system"], reference=r["reference"], statement=r["statement"],
-                         status=r["status"], measured=r["measured"], predicted=r["predicted"],
-                         tolerance=r["tolerance"], basis=r["basis"], details=r["details"], notes=r["notes"],
-                         setting=r["setting"], seed=r["seed"], seconds=r["seconds"], finding=r["finding"],
-                         labels=r["labels"], false_fail_rate=r["false_fail_rate"])
+    return CheckResult(name=r["name"], system=r["system"], reference=r["reference"], statement=r["statement"],
+                       status=r["status"], measured=r["measured"], predicted=r["predicted"],
+                       tolerance=r["tolerance"], basis=r["basis"], details=r["details"], notes=r["notes"],
+                       setting=r["setting"], seed=r["seed"], seconds=r["seconds"], finding=r["finding"],
+                       labels=r["labels"], false_fail_rate=r["false_fail_rate"])
+
+
+def figure_from_record(record: dict) -> bytes | str | None:
+    """The figure a record holds: PNG bytes, why it could not be drawn, or None (the claim draws none)."""
     figure = record.get("figure")
     if figure is None:
-        return result, None
-    return result, base64.b64decode(figure["png"]) if "png" in figure else figure.get("error", "not drawn")
+        return None
+    return base64.b64decode(figure["png"]) if "png" in figure else figure.get("error", "not drawn")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -129,11 +133,6 @@ def tasks_for(claims: list[Claim], *, setting: str, seed: int, draw_figures: boo
     libraries = library_versions()
     return [ClaimTask(c.name, setting, int(seed), module_fingerprint(c.function.__module__), libraries, draw_figures,
                       expected_seconds(c.name, setting)) for c in claims]
-
-
-def order(tasks: list[ClaimTask]) -> list[ClaimTask]:
-    """Longest first (a stable sort: equal times keep the registry's order)."""
-    return sorted(tasks, key=lambda t: -t.expected)
 
 
 CLUSTER_WORKERS = 16
@@ -164,7 +163,7 @@ def batches(tasks: list[ClaimTask], workers: int) -> list[ClaimBatch]:
     system share a batch up to max(longest claim, total / (4 · workers)) expected seconds, and never more than
     ``MAX_BATCH_SECONDS`` unless one claim alone takes longer: small enough that longest-first keeps the workers
     evenly loaded, large enough that a system's claims mostly meet in one worker."""
-    if workers <= 1 or not tasks:
+    if workers <= 1 or not tasks:  # in the registry's order: one process prints them as they come
         return [ClaimBatch((task,)) for task in tasks]
     total = sum(t.expected for t in tasks)
     cap = min(max(max(t.expected for t in tasks), total / (4 * workers)), MAX_BATCH_SECONDS)
@@ -186,7 +185,7 @@ def match_expression(expression: str):
     """A pytest-style ``-k`` expression as a predicate on claim names: words match as case-insensitive substrings,
     combined with ``and``, ``or``, ``not`` and parentheses (``-k "svm and not rank"``)."""
     tokens = _TOKEN.findall(expression)
-    if not tokens or "".join(tokens).strip() == "":
+    if not tokens:
         raise ValueError("-k needs an expression, e.g. -k svm or -k 'gd_beta and not risk'")
     position = 0
 
@@ -198,19 +197,19 @@ def match_expression(expression: str):
         position += 1
         return tokens[position - 1]
 
-    def either():
-        left = both()
-        while peek() == "or":
+    def chain(word, operand, combine):
+        """``operand (word operand)*``, folded left with ``combine``."""
+        left = operand()
+        while peek() == word:
             take()
-            left = (lambda a, b: lambda name: a(name) or b(name))(left, both())
+            left = (lambda a, b: lambda name: combine(a(name), b(name)))(left, operand())
         return left
 
+    def either():
+        return chain("or", both, lambda a, b: a or b)
+
     def both():
-        left = negation()
-        while peek() == "and":
-            take()
-            left = (lambda a, b: lambda name: a(name) and b(name))(left, negation())
-        return left
+        return chain("and", negation, lambda a, b: a and b)
 
     def negation():
         if peek() == "not":
@@ -290,7 +289,7 @@ def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_
     if on_result is not None:
         for task in tasks:
             if task.claim in records:
-                on_result(result_from_record(records[task.claim])[0], True)
+                on_result(result_from_record(records[task.claim]), True)
     interrupted, failure = False, ""
     try:
         # a cluster's size is not known before it runs: its batches are cut as for CLUSTER_WORKERS workers
@@ -301,35 +300,29 @@ def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_
                 store.write(record)
                 records[record["claim"]] = record
                 if on_result is not None:
-                    on_result(result_from_record(record)[0], False)
+                    on_result(result_from_record(record), False)
     except KeyboardInterrupt:
         interrupted = True
     except Exception as error:  # a worker killed (out of memory, a crash in compiled code) or a cluster lost
         failure = f"{type(error).__name__}: {error}".splitlines()[0]
-    results, figures = [], {}
-    for task in tasks:
-        if task.claim in records:
-            result, figure = result_from_record(records[task.claim])
-            results.append(result)
-            if figure is not None:
-                figures[result.name] = figure
+    results, figures = _results_and_figures([records[t.claim] for t in tasks if t.claim in records])
     return CheckRun(results=results, figures=figures, computed=len(records) - reused, reused=reused,
                     seconds=time.perf_counter() - started, interrupted=interrupted, failure=failure,
                     quarantined=list(store.quarantined), missing=[t.claim for t in tasks if t.claim not in records])
+
+
+def _results_and_figures(records: list[dict]) -> tuple[list[CheckResult], dict]:
+    """The records' results in order, and their figures by claim name (claims without one left out)."""
+    figures = {record["claim"]: figure_from_record(record) for record in records}
+    return [result_from_record(record) for record in records], {k: v for k, v in figures.items() if v is not None}
 
 
 def stored_results(claims: list[Claim], store, *, setting: str, seed: int) -> CheckRun:
     """The stored outcomes of ``claims`` whose key matches the current code, without computing anything; the
     claims without one are listed in ``missing``."""
     store = store if isinstance(store, engine.ResultStore) else store_for(store)
-    results, figures, missing = [], {}, []
-    for task in tasks_for(claims, setting=setting, seed=seed, draw_figures=True):
-        if not store.has(task.key):
-            missing.append(task.claim)
-            continue
-        result, figure = result_from_record(store.load(task.key))
-        results.append(result)
-        if figure is not None:
-            figures[result.name] = figure
+    tasks = tasks_for(claims, setting=setting, seed=seed, draw_figures=True)
+    missing = [task.claim for task in tasks if not store.has(task.key)]
+    results, figures = _results_and_figures([store.load(t.key) for t in tasks if t.claim not in missing])
     return CheckRun(results=results, figures=figures, computed=0, reused=len(results), seconds=0.0,
                     quarantined=list(store.quarantined), missing=missing)
