@@ -28,7 +28,11 @@ from .softmax import max_propagating_nan, softmax_into
 __all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
            "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "reduced_losses", "accuracies", "step_one_v", "one_hot_map",
            "deterministic_closure", "direction_error", "claim3_direction", "sqrt_law_direction",
-           "direction_plateau", "MAX_ENUMERATED_STEPS"]
+           "direction_plateau", "MAX_ENUMERATED_STEPS", "TIE_TOLERANCE"]
+
+# Two scores closer than this, relative to the largest weight, are one score computed in two orders: a tie that
+# the smallest-label rule breaks. Round-off in a score is about N·1e-16 of it; real gaps are far above 1e-12.
+TIE_TOLERANCE = 1e-12
 
 # 2^20 paths (~170 MB of displacements at N = 21) is the largest exact enumeration we allow.
 MAX_ENUMERATED_STEPS = 20
@@ -241,6 +245,7 @@ def _losses_kernel(states, params):
 @njit(cache=True)
 def _accuracy_kernel(x, params):
     """P(Pred(f) = y), ties to the smallest label (docs/random_walk.md §2), averaged exactly over y uniform.
+    Scores equal up to TIE_TOLERANCE relative to max|v| count as tied.
 
     For target y and path d, f_{(y + r) mod K} = g[r] = Σ_k S_k v[(r + d_k) mod K]; relative label 0 is predicted
     iff it attains the max and y is the smallest absolute label (y + r) mod K among the maximisers r.
@@ -249,6 +254,9 @@ def _accuracy_kernel(x, params):
     v, z = x[:K], x[K:]
     S = _softmax(z)
     g = np.empty(K)
+    # g is a convex combination of entries of v: scores within TIE_TOLERANCE·max|v| of the top are exact ties
+    # whose computed values differ by round-off only (after one step from zero, symmetric entries of v do)
+    tie = TIE_TOLERANCE * np.abs(v).max()
     total = 0.0
     for i in range(n):
         row = i * (N - 1)
@@ -258,13 +266,13 @@ def _accuracy_kernel(x, params):
                 acc += S[k] * v[(r + int(d[row + k])) % K]
             g[r] = acc
         top = max_propagating_nan(g)
-        if g[0] != top:
+        if not g[0] >= top - tie:  # also false for a NaN
             continue
         wins = 0
         for y in range(K):
             smallest = True
             for r in range(1, K):
-                if g[r] == top and (y + r) % K < y:
+                if g[r] >= top - tie and (y + r) % K < y:
                     smallest = False
                     break
             if smallest:

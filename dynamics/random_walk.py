@@ -14,7 +14,7 @@ from numba import njit
 from attnflow.closed_forms import random_walk as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.random_walk import Paths, RandomWalkProblem
-from attnflow.closed_forms.softmax import softmax_into
+from attnflow.closed_forms.softmax import max_propagating_nan, softmax_into
 
 from .integrate import DivergenceError, iterate_map
 from attnflow.seeding import SeedLike, as_seed_sequence, spawn
@@ -206,6 +206,7 @@ def _full_accuracy_kernel(states, V, W_right, P):
     z = np.empty(N)
     S = np.empty(N)
     f = np.empty(K)
+    tie = cf.TIE_TOLERANCE * np.abs(V).max()
     correct = 0
     for i in range(n):
         for j in range(N - 1):
@@ -218,19 +219,20 @@ def _full_accuracy_kernel(states, V, W_right, P):
             s = states[i, j]
             for a in range(K):
                 f[a] += S[j] * V[a, s]
-        best = 0  # argmax f: the first maximiser (smallest label), or the first NaN, as np.argmax
+        # the smallest label within cf.TIE_TOLERANCE·max|V| of the top score (an exact tie up to round-off)
+        top = max_propagating_nan(f)
+        best = 0
         for a in range(K):
-            if math.isnan(f[a]):
+            if not f[a] < top - tie:  # the first score at the top, or the first NaN
                 best = a
                 break
-            if f[a] > f[best]:
-                best = a
         correct += int(best == states[i, N - 1])
     return correct / n
 
 
 def full_accuracy(problem: RandomWalkProblem, sequences: Sequences, V, W) -> float:
-    """Fraction of ``sequences`` whose prediction min{j : f_j = max f} equals the target."""
+    """Fraction of ``sequences`` whose prediction min{j : f_j = max f} equals the target (scores within
+    ``TIE_TOLERANCE``·max|V| of the top tie, as in :func:`attnflow.closed_forms.random_walk.accuracy`)."""
     P = positional_embeddings_cached(problem)
     V = check.finite_array(V, "V", shape=(problem.K, problem.K))
     W = check.finite_array(W, "W", shape=(problem.K + problem.M,) * 2)

@@ -1,5 +1,6 @@
 """Random walk on a circle: closed forms against exact enumeration and brute-force Monte Carlo of the raw model."""
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -208,3 +209,40 @@ def test_one_hot_map_step_matches_monte_carlo_of_the_raw_gradient():
     for c, expected in ((1, closed[0]), (K - 1, closed[1]), (2, v[2])):
         per_sample = v[c] - problem.eta / K * dl * XS[np.arange(n), (y - c) % K]
         assert_within_standard_errors(per_sample.mean(), per_sample.std(ddof=1) / np.sqrt(n) + 1e-15, expected)
+
+
+def _exact_accuracy_after_one_step(K: int, N: int, p: Fraction) -> Fraction:
+    """Accuracy after one GD step from zero, in rational arithmetic (docs/random_walk.md §2, §4).
+
+    From (v, z) = 0 the attention stays uniform and v[c] ∝ E #{k : d_k = c}; the score of relative label r on a path
+    is ∝ Σ_k v[(r + d_k) mod K], and a label is predicted when it is the smallest absolute label at the top."""
+    paths = []
+    for code in range(2 ** (N - 1)):
+        steps = [1 if (code >> i) & 1 else -1 for i in range(N - 1)]
+        ups = steps.count(1)
+        weight = p ** ups * (1 - p) ** (N - 1 - ups)
+        if weight:
+            paths.append(([sum(steps[k:]) % K for k in range(N - 1)], weight))  # d_k = (y − s_k) mod K
+    v = [sum((w * d.count(c) for d, w in paths), Fraction(0)) for c in range(K)]
+    total = Fraction(0)
+    for d, w in paths:
+        g = [sum(v[(r + dk) % K] for dk in d) for r in range(K)]
+        top = max(g)
+        if g[0] != top:
+            continue
+        wins = sum(all(not (g[r] == top and (y + r) % K < y) for r in range(1, K)) for y in range(K))
+        total += w * Fraction(wins, K)
+    return total
+
+
+@pytest.mark.parametrize("K", [3, 4, 5, 6, 7])
+@pytest.mark.parametrize("p", ["1/10", "3/10", "1/2", "7/10", "9/10"])
+def test_accuracy_after_one_step_breaks_exact_ties_by_the_smallest_label(K, p):
+    """After one step from zero the scores of symmetric labels are equal in exact arithmetic; computed in floating
+    point they differ by round-off, which must not decide the prediction (25 (K, p) cases, N = 6)."""
+    N, p = 6, Fraction(p)
+    problem = RandomWalkProblem(K=K, N=N, p=float(p))
+    paths = cf.enumerate_paths(problem)
+    state = cf.reduced_step(0, np.zeros(K + N), cf.pack_reduced_params(problem, paths))
+    measured = cf.accuracy(problem, paths, state[:K], state[K:])
+    assert measured == pytest.approx(float(_exact_accuracy_after_one_step(K, N, p)), abs=1e-12)
