@@ -27,6 +27,7 @@ from .montecarlo import Trajectory, check_run_length
 __all__ = ["random_embeddings", "tied_head", "attention_logits", "attention_output", "positional_attention_output",
            "sample_raw_outputs", "generate_raw", "sample_learning_data", "fit_mle", "raw_nll_and_gradient",
            "adam_raw", "generate_counts", "fluid_dopri5", "fluid_trajectory", "population", "minibatch",
+           "identified_groups",
            "MAX_DRAWS"]
 
 # Largest number of draws / runs × records one call may allocate.
@@ -312,8 +313,13 @@ def fit_mle(problem: CCMCProblem, prompts, y, *, method: str = "newton", toleran
     row (ℓ̂_n separates over the last token), to the same minimiser in a few iterations; the tests check that
     the two agree. ``tolerance`` bounds the gradient's largest entry. When no finite maximiser exists (small n:
     a logit runs to −∞), Newton hands over to L-BFGS, whose iterate at the tolerance has P̂ near the boundary
-    limit. Entries that never enter the likelihood
-    (tokens never among the keys of a row's prompts) are not identified; Newton keeps them at 0 before centring."""
+    limit.
+
+    Identification: ℓ̂_n fixes only differences of logits of keys that meet in a prompt of the row. In row a,
+    tokens linked by co-occurring among the keys of a prompt that ends in a (two distinct keys or more) form
+    groups; each group's logits are returned centred (mean 0 over the group), and a logit the data cannot fix —
+    a token that never appears as a key of the row, or only alone — is exactly 0. When the whole row is one
+    group this is the ordinary row centring (:func:`identified_groups`, docs/ccmc.md §5.1)."""
     K = problem.K
     counts = cf.key_counts(prompts, K, problem.query)
     prompts = np.asarray(prompts)
@@ -327,7 +333,7 @@ def fit_mle(problem: CCMCProblem, prompts, y, *, method: str = "newton", toleran
     if method == "newton":
         Theta, iterations, converged = _newton_mle(counts, last, y, weights, K, 200, min(tolerance, 1e-12), DGESV)
         if converged and np.all(np.isfinite(Theta)):
-            return cf.centred_logits(Theta)
+            return _centre_identified(Theta, identified_groups(counts, last, K))
         # No finite maximiser (a key token of some row is never its label, so that logit runs to −∞, typical at
         # small n): Newton creeps along the unbounded direction; L-BFGS below stops at its tolerance instead.
 
@@ -341,7 +347,43 @@ def fit_mle(problem: CCMCProblem, prompts, y, *, method: str = "newton", toleran
                                options=dict(maxiter=2000, gtol=tolerance, ftol=1e-13))
     if not np.all(np.isfinite(result.x)):
         raise DivergenceError(f"the MLE left the finite region after {result.nit} L-BFGS iterations")
-    return cf.centred_logits(result.x.reshape(K, K))
+    return _centre_identified(result.x.reshape(K, K), identified_groups(counts, last, K))
+
+
+def identified_groups(counts, last, K: int) -> np.ndarray:
+    """(K, K) integer labels: entry (a, k) is the group of token k in row a, −1 where the data cannot fix Θ_{a,k}.
+
+    Two keys of one prompt ending in a fix the difference of their logits in row a; the groups are the connected
+    components of that relation, and a token that is never a key of the row, or only the sole key of its prompts,
+    is unidentified (−1)."""
+    from scipy.sparse.csgraph import connected_components
+
+    counts = np.asarray(counts)
+    last = np.asarray(last)
+    groups = np.full((K, K), -1, dtype=np.int64)
+    for a in range(K):
+        present = counts[last == a] > 0
+        present = present[present.sum(axis=1) >= 2].astype(np.int64)  # a lone key's logit cancels in the softmax
+        linked = present.T @ present > 0
+        n_groups, labels = connected_components(linked, directed=False)
+        seen = np.diag(linked)
+        groups[a, seen] = labels[seen]
+    return groups
+
+
+def _centre_identified(Theta, groups) -> np.ndarray:
+    """Θ centred per identified group, 0 where unidentified; a row that is one group covering every token gets the
+    ordinary row centring, computed as :func:`attnflow.closed_forms.ccmc.centred_logits` does."""
+    centred = cf.centred_logits(Theta)
+    for a in range(Theta.shape[0]):
+        row = groups[a]
+        if np.all(row == row[0]) and row[0] >= 0:
+            continue
+        centred[a] = 0.0
+        for group in np.unique(row[row >= 0]):
+            members = row == group
+            centred[a, members] = Theta[a, members] - Theta[a, members].mean()
+    return centred
 
 
 @njit(cache=True)

@@ -141,6 +141,26 @@ def test_mle_newton_and_lbfgs_agree_and_are_stationary():
     assert len(cf._nll_and_gradient.signatures) == 1
 
 
+def test_mle_returns_logits_the_data_cannot_fix_as_zero_and_centres_each_identified_group():
+    """Row 0 sees keys {1, 2} together and 3 only alone; row 1 sees {0, 2} and {2, 3}; rows 2 and 3 no data. The
+    convention (docs/ccmc.md §5.1): each group centred, every unidentified logit exactly 0, whichever optimiser."""
+    problem = CCMCProblem(np.full((4, 4), 0.25), L=3, X0=(0, 1, 2), query="exclude")
+    prompts = np.array([[1, 2, 0]] * 3 + [[3, 3, 0]] + [[0, 2, 1]] * 3 + [[2, 3, 1]] * 2)
+    y = np.array([1, 1, 2, 3, 0, 0, 2, 3, 2])
+    groups = dyn.identified_groups(cf.key_counts(prompts, 4, "exclude"), prompts[:, -1], 4)
+    assert (groups[0] >= 0).tolist() == [False, True, True, False] and groups[0, 1] == groups[0, 2]
+    assert (groups[1] >= 0).tolist() == [True, False, True, True] and len(set(groups[1, [0, 2, 3]])) == 1
+    assert (groups[2:] == -1).all()
+    for method in ("newton", "lbfgs"):
+        Theta = dyn.fit_mle(problem, prompts, y, method=method)
+        assert Theta[groups < 0].tolist() == [0.0] * int((groups < 0).sum())
+        # the empirical odds: θ₁ − θ₂ = log 2 in row 0; θ₀ − θ₂ = log 2 and θ₃ = θ₂ in row 1; each group centred
+        log2 = np.log(2)
+        assert Theta[0, [1, 2]] == pytest.approx([log2 / 2, -log2 / 2], abs=1e-6)
+        assert Theta[1, [0, 2, 3]] == pytest.approx([2 * log2 / 3, -log2 / 3, -log2 / 3], abs=1e-6)
+        assert np.abs(cf.nll_gradient_theta(Theta, prompts, y, "exclude")).max() < 1e-6
+
+
 # ---- generation ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("query", cf.QUERY_VARIANTS)
