@@ -30,7 +30,8 @@ __all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSo
            "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "kernel_labels", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
-           "selection_svm", "selection_offset"]
+           "selection_svm", "selection_offset", "certified_svm", "UncertifiedSolution", "NUC_GAP",
+           "DECISION_NUC_ITERATIONS"]
 
 LOSSES = ("logistic", "linear", "exp")
 INSTANCES = ("random", "single_global", "single_local", "multi_input", "two_token", "joint_tight", "joint_relaxed")
@@ -44,6 +45,10 @@ MAX_N, MAX_T, MAX_D = 200, 64, 64
 ACTIVE_TOL_FRO = 1e-7
 ACTIVE_TOL_NUC = 1e-4
 NUC_GAP = 1e-8
+# The nuclear solver's iteration budget when a decision is read off its answer (support tokens, local optimality):
+# near-infeasible instances (n = T = 5, d = 3) need up to ~6e5 PDHG iterations (20 s) to certify the gap.
+DECISION_NUC_ITERATIONS = 1_000_000
+MAX_NUC_ITERATIONS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -291,6 +296,13 @@ class SVMSolution:
     gap: float = 0.0
     certificate: np.ndarray | None = None
     iterations: int = 0
+    requested_gap: float = 0.0  # the nuclear solver's target: an active set is trusted only at or below it
+
+    @property
+    def certified(self) -> bool:
+        """The solution is what it says: the Frobenius SVM always (exact to round-off), the nuclear one when its
+        duality gap reached the requested gap (its active set read at ``ACTIVE_TOL_NUC`` is then trusted)."""
+        return self.norm == "fro" or self.gap <= self.requested_gap
 
     @property
     def value(self) -> float:
@@ -334,16 +346,44 @@ def nuclear_svm(problem: AttentionSVMProblem, alpha=None, *, gap: float = NUC_GA
         raise ValueError("the nuclear SVM found no feasible iterate (degenerate constraints)")
     active = np.abs(out["margins"] - 1.0) <= ACTIVE_TOL_NUC
     return SVMSolution(True, out["theta"], out["lam"], M, index, "nuc", active=active, margins=out["margins"],
-                       gap=out["gap"], iterations=out["iterations"])
+                       gap=out["gap"], iterations=out["iterations"], requested_gap=gap)
 
 
-def svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") -> SVMSolution:
-    """The hard-margin SVM of token choice α (default opt) in the Frobenius (``fro``) or nuclear (``nuc``) norm."""
+class UncertifiedSolution(RuntimeError):
+    """A decision (an active set, a local-optimality verdict) was asked of a solution whose certificate did not
+    reach the level that makes it trustworthy; ``gap`` is the relative duality gap achieved."""
+
+    def __init__(self, message: str, gap: float):
+        super().__init__(message)
+        self.gap = gap
+
+
+def svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,
+        max_iterations: int = 20_000) -> SVMSolution:
+    """The hard-margin SVM of token choice α (default opt) in the Frobenius (``fro``) or nuclear (``nuc``) norm;
+    ``gap`` and ``max_iterations`` are the nuclear solver's (:func:`nuclear_svm`)."""
     if norm == "fro":
         return frobenius_svm(problem, alpha)
     if norm == "nuc":
-        return nuclear_svm(problem, alpha)
+        gap = check.real(gap, "gap", minimum=0.0, strict=True, maximum=1.0)
+        max_iterations = check.integer(max_iterations, "max_iterations", minimum=25)
+        if max_iterations > MAX_NUC_ITERATIONS:
+            raise ValueError(f"max_iterations must be <= {MAX_NUC_ITERATIONS:.0e} (hours of PDHG), got {max_iterations}")
+        return nuclear_svm(problem, alpha, gap=gap, max_iterations=max_iterations)
     raise ValueError(f"norm must be fro or nuc, got {norm!r}")
+
+
+def certified_svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,
+                  max_iterations: int = DECISION_NUC_ITERATIONS) -> SVMSolution:
+    """:func:`svm` for a caller that reads a decision off the solution: a nuclear solution whose duality gap is still
+    above ``gap`` after ``max_iterations`` raises :class:`UncertifiedSolution` with the gap it reached."""
+    sol = svm(problem, alpha, norm, gap=gap, max_iterations=max_iterations)
+    if sol.feasible and not sol.certified:
+        raise UncertifiedSolution(
+            f"the nuclear SVM stopped at relative duality gap {sol.gap:.2g} after {sol.iterations} iterations, above "
+            f"the gap={sol.requested_gap:g} that certifies its active set; pass max_iterations > {sol.iterations} "
+            "(or a larger gap) to decide", sol.gap)
+    return sol
 
 
 def rank(W, relative: float = 1e-5) -> int:
@@ -352,9 +392,12 @@ def rank(W, relative: float = 1e-5) -> int:
     return int(np.sum(s > relative * s[0])) if s.size and s[0] > 0 else 0
 
 
-def support_tokens(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") -> list[list[int]]:
-    """T_i(α) = {t ≠ α_i : <M_it, θ^mm_α> = 1}, the active constraints (§4); ValueError if the SVM is infeasible."""
-    sol = svm(problem, alpha, norm)
+def support_tokens(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,
+                   max_iterations: int = DECISION_NUC_ITERATIONS) -> list[list[int]]:
+    """T_i(α) = {t ≠ α_i : <M_it, θ^mm_α> = 1}, the active constraints (§4); ValueError if the SVM is infeasible.
+    With the nuclear norm the active set is read only from a certified solution (:func:`certified_svm`: the
+    solver iterates up to ``max_iterations`` for the duality gap ``gap``, else raises :class:`UncertifiedSolution`)."""
+    sol = certified_svm(problem, alpha, norm, gap=gap, max_iterations=max_iterations)
     if not sol.feasible:
         raise ValueError("alpha: the SVM of this token choice is infeasible, it has no support tokens")
     found = [[] for _ in range(problem.n)]
@@ -364,10 +407,12 @@ def support_tokens(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") 
     return found
 
 
-def is_locally_optimal(problem: AttentionSVMProblem, alpha=None, norm: str = "fro") -> bool:
-    """α is locally optimal iff its SVM is feasible and γ_{iα_i} > γ_it for every support token t ∈ T_i(α) (§4)."""
+def is_locally_optimal(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,
+                       max_iterations: int = DECISION_NUC_ITERATIONS) -> bool:
+    """α is locally optimal iff its SVM is feasible and γ_{iα_i} > γ_it for every support token t ∈ T_i(α) (§4);
+    with the nuclear norm only from a certified solution, as :func:`support_tokens`."""
     alpha = _alpha(problem, alpha)
-    sol = svm(problem, alpha, norm)
+    sol = certified_svm(problem, alpha, norm, gap=gap, max_iterations=max_iterations)
     if not sol.feasible:
         return False
     gamma = problem.scores

@@ -352,3 +352,45 @@ def test_svm_equivalence_passes_and_can_fail(monkeypatch):
     true_offset = cf.selection_offset
     monkeypatch.setattr(cf, "selection_offset", lambda problem, log_s, selected: -true_offset(problem, log_s, selected))
     assert _run("attention_svm.svm_equivalence").status == "FAIL"
+
+
+def _burer_monteiro_nuclear_svm(rows, d, starts=4, seed=0):
+    """min ½(‖U‖² + ‖V‖²) s.t. <M_j, UVᵀ> ≥ 1 by SLSQP from random starts: at a minimiser ‖UVᵀ‖_* equals the
+    objective, so this solves the nuclear SVM by an independent route (U and V full d × d). SLSQP ends on its line
+    search at round-off ("positive directional derivative"), so a start counts when its iterate is feasible."""
+    rng = np.random.default_rng(seed)
+    M = rows.reshape(-1, d, d)
+
+    def margins(x):
+        return np.einsum("jab,ab->j", M, x[:d * d].reshape(d, d) @ x[d * d:].reshape(d, d).T) - 1
+
+    best = None
+    for _ in range(starts):
+        result = optimize.minimize(lambda x: 0.5 * x @ x, 3 * rng.normal(size=2 * d * d), jac=lambda x: x,
+                                   method="SLSQP", constraints=[dict(type="ineq", fun=margins)],
+                                   options=dict(maxiter=5000, ftol=1e-15))
+        if margins(result.x).min() > -1e-9 and (best is None or result.fun < best.fun):
+            best = result
+    return best.x[:d * d].reshape(d, d) @ best.x[d * d:].reshape(d, d).T
+
+
+def test_nuclear_support_tokens_are_read_only_from_a_certified_solution():
+    """A near-infeasible instance (n = T = 5, d = 3): at 20 000 iterations the duality gap is still ~1e-6 and the
+    decision is refused with the gap; run on, the certified active set is the one an independent Burer–Monteiro
+    solve finds, and the multipliers vanish off it (complementary slackness)."""
+    problem = AttentionSVMProblem.random(5, 5, 3, seed=1)
+    with pytest.raises(cf.UncertifiedSolution, match="duality gap") as refused:
+        cf.support_tokens(problem, norm="nuc", max_iterations=20_000)
+    assert refused.value.gap > cf.NUC_GAP
+    sol = cf.certified_svm(problem, norm="nuc")
+    assert sol.certified and sol.gap <= cf.NUC_GAP
+    found = cf.support_tokens(problem, norm="nuc")
+    assert sum(map(len, found)) == int(sol.active.sum())
+    independent = _burer_monteiro_nuclear_svm(sol.rows, problem.d)
+    assert np.linalg.svd(independent, compute_uv=False).sum() == pytest.approx(sol.value, rel=1e-6)
+    independent_active = np.abs(sol.rows @ independent.ravel() - 1) <= cf.ACTIVE_TOL_NUC
+    assert independent_active.tolist() == sol.active.tolist()
+    assert np.all(sol.lam[~sol.active] <= 1e-6 * sol.lam.max())
+    assert isinstance(cf.is_locally_optimal(problem, norm="nuc"), bool)
+    with pytest.raises(ValueError, match="max_iterations"):
+        cf.support_tokens(problem, norm="nuc", max_iterations=0)
