@@ -394,17 +394,33 @@ def bayes_conditional_excess(problem: GDBetaProblem, X) -> np.ndarray:
     Averaging this over X ~ N(0, H)^N gives R_Bayes − σ² with far smaller variance than sampling whole
     prompts. For σ² = 0 it is tr(Σ P⊥) with P⊥ the projector on the null space of X̃ (docs/gd_beta.md §11.10).
     X : shape (n, N, d). Returns shape (n,).
+
+    Once σ² is below EIGEN_FORM_BELOW·N‖Σ‖ (the scale of G = X̃ᵀX̃), a null direction of G, computed at round-off
+    ~1e-16·N‖Σ‖ instead of 0, would get the weight σ²/(σ² + round-off) instead of 1 (and G/σ² overflows below
+    ~1e-300): there (I + G/σ²)⁻¹ = V diag(σ²/(σ² + λ)) Vᵀ from the eigenpairs of G, eigenvalues at round-off level
+    (below d·N·ε·λ_max) set to exactly 0. The limit σ² → 0 is then exact: the projector on the null space, and
+    exactly 0 when G has full rank.
     """
     X = np.asarray(X, dtype=float)
     Ph = problem.Psi_half
     Sigma = Ph @ problem.H @ Ph
     Xt = X @ Ph
     G = np.swapaxes(Xt, -1, -2) @ Xt
-    if problem.sigma2 > 0:
-        M = np.linalg.inv(np.eye(problem.d) + G / problem.sigma2)
+    sigma2 = problem.sigma2
+    if sigma2 >= EIGEN_FORM_BELOW * problem.N * np.linalg.norm(Sigma, 2):
+        M = np.linalg.inv(np.eye(problem.d) + G / sigma2)
     else:
-        M = np.eye(problem.d) - np.linalg.pinv(G, hermitian=True) @ G
+        lam, V = np.linalg.eigh(G)
+        round_off = problem.d * problem.N * np.finfo(float).eps * np.maximum(lam[..., -1:], 0.0)
+        lam = np.where(lam > round_off, lam, 0.0)
+        weight = (lam == 0).astype(float) if sigma2 == 0 else sigma2 / (sigma2 + lam)
+        M = (V * weight[..., None, :]) @ np.swapaxes(V, -1, -2)
     return np.einsum("ij,nji->n", Sigma, M)
+
+
+# Below this noise variance, relative to the scale N‖Σ‖ of X̃ᵀX̃, the Bayes formula switches to its eigen-form:
+# (I + G/σ²)⁻¹ would weigh a null direction's round-off (~1e-16 of the scale) against σ².
+EIGEN_FORM_BELOW = 1e-8
 
 
 # ==================================================================================================

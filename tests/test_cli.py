@@ -1,10 +1,13 @@
 """The command line end to end, in subprocesses as a user runs it."""
 import json
+import math
 import os
 import subprocess
 import sys
 
 import pytest
+
+from attnflow.validation import systems
 
 FAST_CLAIMS = ["gd_beta.risk_formula", "gd-beta.bayes_factor_needs_bounded_snr"]
 
@@ -155,12 +158,29 @@ SMALL = {
     "group_sparse": (["steps=200"], ["steps=3", "batch_size=200"]),
     "scb": (["steps=30"], ["stage1_steps=5", "stage1_batch=400", "stage2_steps=5", "stage2_batch=400",
                            "stage3_steps=5", "stage3_batch=400"]),
+    "attention_svm": (["n=3", "T=3", "d=3", "points=3"], ["n=3", "T=3", "d=3", "steps=50", "records=10"]),
+    "ccmc": (["steps=1000", "n_records=10"], ["steps=1000", "runs=4", "n_records=10"]),
+    "next_token_scc": (["steps=200", "records=10"], ["steps=100", "records=10"]),
+    "linear_attention_h3": (["n_points=20"], ["steps=50", "batch_size=32"]),
 }
+
+
+def _all_finite(values) -> bool:
+    if isinstance(values, dict):
+        return all(_all_finite(v) for v in values.values())
+    if isinstance(values, list):
+        return all(_all_finite(v) for v in values)
+    return not isinstance(values, float) or math.isfinite(values)
+
+
+def test_the_generic_commands_are_exercised_on_every_built_in_system():
+    assert sorted(SMALL) == sorted(systems.system_keys())
 
 
 @pytest.mark.parametrize("system", sorted(SMALL))
 def test_solve_and_simulate_run_for_every_built_in_system(system, capsys, tmp_path):
-    """The generic commands (in process): the population and the minibatch run, their JSON and their figure."""
+    """The generic commands (in process): the population and the minibatch run, their JSON and their figure; what
+    exits 0 prints only finite numbers (a limit that is not a number is said in words)."""
     from attnflow.validation.cli import main
 
     for command, params in zip(("solve", "simulate"), SMALL[system]):
@@ -172,6 +192,7 @@ def test_solve_and_simulate_run_for_every_built_in_system(system, capsys, tmp_pa
         kind = "population" if command == "solve" else "minibatch"
         assert document["values"][f"{kind}: records"] == len(document["trajectory"]["times"]) >= 2
         assert document["trajectory"]["metrics"]
+        assert _all_finite(document["values"]), document["values"]
         assert (tmp_path / f"{command}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["solve", system, "--describe"]) == 0
     assert "problem:" in capsys.readouterr().out

@@ -326,6 +326,22 @@ def test_bayes_is_exact_interpolation_without_noise():
     np.testing.assert_allclose(cf.bayes_conditional_excess(problem, X), 0.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("N", [2, 5])
+def test_bayes_excess_is_continuous_down_to_noise_free_labels(N):
+    """With Σ = I the conditional excess is Σ_k σ²/(σ² + λ_k) over the eigenvalues λ_k of X̃ᵀX̃, exactly 0 for a
+    zero eigenvalue's term at σ² = 0 and 1 for it at σ² > 0. Both sides of the switch to the eigen-form
+    (σ² = EIGEN_FORM_BELOW·N‖Σ‖) and the limit σ² → 0 follow it: d − N at N = 2 < d = 3 for every σ² down to 0, and
+    exactly 0 at σ² = 0 when N ≥ d."""
+    X = np.random.default_rng(1).normal(size=(6, N, 3))
+    lam = np.linalg.eigvalsh(np.swapaxes(X, 1, 2) @ X)
+    lam[lam < 1e-12 * lam.max()] = 0.0  # the exact zero eigenvalues of a rank-N Gram matrix
+    for s2 in (1e-3, 1e-6, 1e-7 * N, 1e-9, 1e-90, 1e-320, 0.0):
+        excess = cf.bayes_conditional_excess(GDBetaProblem.isotropic(d=3, N=N, sigma2=s2), X)
+        expected = (lam == 0).sum(axis=1) if s2 == 0 else (s2 / (s2 + lam)).sum(axis=1)
+        np.testing.assert_allclose(excess, expected, rtol=1e-9, atol=1e-300, err_msg=f"sigma2={s2}")
+    assert N < 3 or np.all(cf.bayes_conditional_excess(GDBetaProblem.isotropic(d=3, N=N, sigma2=0.0), X) == 0.0)
+
+
 # ---- Corollary 6.2 ------------------------------------------------------------------------------------------
 def test_large_context_ratio_limit_and_sandwich():
     problem = GDBetaProblem(H=np.diag([1, 0.5, 0.25, 0.125]), Psi=np.diag([0.4, 0.3, 0.2, 0.1]),

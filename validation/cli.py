@@ -474,6 +474,9 @@ def _command_sweep(args) -> int:
     if result.law is not None and set(grid) == {result.law.x} and len(grid[result.law.x]) >= 3 and args.seeds >= 2:
         fit = sweep.scaling_fit(result)
         passed = fit.contains(result.law.exponent)
+    errors = [r for r in result.records if r["result"].get("status") == "ERROR"]
+    if errors:  # a claim that crashed at some grid point is not a measurement: say so, and fail the sweep
+        passed = False
     if args.json:
         document = dict(schema="attnflow.sweep/1", target=result.target, grid=grid, seeds=args.seeds,
                         master_seed=args.seed, computed=result.computed, reused=result.reused,
@@ -491,6 +494,12 @@ def _command_sweep(args) -> int:
           file=sys.stderr)
     for line in result.extra.get("quarantined", []):
         print(f"attnflow: a stored record could not be used and was recomputed: {line}", file=sys.stderr)
+    if errors:
+        first = errors[0]
+        where = ", ".join(f"{k}={report.format_number(v)}" for k, v in first["params"])
+        print(f"attnflow: error: {len(errors)} of {len(result.records)} runs ended in ERROR; the first, at {where} "
+              f"(replicate {first['replicate']}): {first['result'].get('error', 'no message stored')}",
+              file=sys.stderr)
     if args.plot:
         x, y = result.values(result.law.y, result.law.x)
         _save(plots.scaling_figure(x, y, fit, result.law, result.target), args.plot)
@@ -506,6 +515,10 @@ def _sweep_table(result) -> str:
     for params, results in groups.items():
         label = ", ".join(f"{k}={report.format_number(v)}" for k, v in params)
         cells = []
+        statuses = [res["status"] for res in results if "status" in res]
+        if statuses:  # a claim swept: its verdicts, counted
+            cells.append("status " + ", ".join(f"{s} {statuses.count(s)}/{len(statuses)}"
+                                               for s in dict.fromkeys(statuses)))
         for metric in results[0]:
             values = np.array([res[metric] for res in results if isinstance(res.get(metric), (int, float))], float)
             if values.size == 0:
@@ -627,6 +640,10 @@ def _run_system_command(args, *, simulate: bool) -> int:
 
 def _command_solve(args) -> int:
     if args.latex:
+        ignored = [option for option, given in (("--param", args.param), ("--plot", args.plot), ("--json", args.json))
+                   if given]
+        if ignored:  # the derivation is symbolic: a value given beside it would be silently dropped
+            raise ValueError(f"--latex prints the symbolic derivation and takes no {ignored[0]}")
         system = systems.get_system(args.system)
         if system.latex is None:
             raise ValueError(f"system {system.key} has no symbolic derivation (--latex)")

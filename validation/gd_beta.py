@@ -1,6 +1,8 @@
 """Claims of Zhang, Wu & Bartlett (NeurIPS 2024) on GD-β, the LTB and LSA (derivations: docs/gd_beta.md)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from matplotlib.ticker import NullFormatter
 from scipy import stats as scipy_stats
@@ -720,7 +722,9 @@ def summary(problem: GDBetaProblem, *, seed, bayes_contexts: int = 20_000) -> di
     # With Ψ̃ = 0 (or vanishing) neither risk exceeds σ²: the ratio of Corollary 6.2 is 0/0, not a number.
     ratio = (R_star - problem.sigma2) / bayes_excess if bayes_excess > 1e-300 else "undefined (Bayes excess risk 0)"
     return {
-        "d": problem.d, "N": problem.N, "sigma2": problem.sigma2, "SNR tr(HΨ)/σ²": cf.snr(problem),
+        "d": problem.d, "N": problem.N, "sigma2": problem.sigma2,
+        # σ² = 0, or so small that tr(HΨ)/σ² overflows: noise-free labels, said in words rather than as inf
+        "SNR tr(HΨ)/σ²": snr if math.isfinite(snr := cf.snr(problem)) else "infinite (noise-free labels)",
         "‖β*‖_H": problem.beta_norm_H,
         "R* optimal GD-β risk (Thm 5.2)": R_star,
         "β₀* = β*": problem.beta_star,

@@ -1268,7 +1268,7 @@ SYSTEM = System(
     minibatch=dyn.minibatch,
     population_options=(
         Parameter("eta", "real", ETA, "normalised step η (η_V = η/K_Q, η_Q = η/K_P)", minimum=0.0, strict=True),
-        Parameter("steps", "integer", 100, "population steps on the line", minimum=0, maximum=10_000_000),
+        Parameter("steps", "integer", 100, "population steps on the line", minimum=1, maximum=10_000_000),
     ),
     minibatch_options=(
         Parameter("eta", "real", ETA, "normalised step η", minimum=0.0, strict=True),

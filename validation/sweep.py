@@ -167,6 +167,8 @@ def execute_task(task: Task) -> dict:
         result = dict(status=outcome.status, false_fail_rate=outcome.false_fail_rate,
                       measured_digest=hashlib.sha256(measured.encode()).hexdigest()[:16],
                       **_numbers_only(outcome.measured))
+        if outcome.status == "ERROR":  # the message, so the sweep can say why without rerunning
+            result["error"] = outcome.notes.splitlines()[0] if outcome.notes else ""
     return dict(key=task.key, target=task.target, params=[[k, _canonical(v)] for k, v in task.params],
                 seed=task.seed, replicate=task.replicate, version=version(), code=task.code, result=result,
                 seconds=round(time.perf_counter() - started, 6), run_id=RUN_ID)
@@ -246,6 +248,10 @@ def _validate_target(target: str, grid: dict, full: bool = False) -> None:
             bad = [v for v in values if not float(v).is_integer()]
             if bad:
                 raise ValueError(f"{name} must be an integer, got {bad[0]!r}")
+            # A positive whole-number setting is a size or a count (prompts, dimensions, steps): 0 or fewer
+            # would run nothing, or crash inside the claim after the work has started.
+            if default >= 1 and min(values) < 1:
+                raise ValueError(f"{name} must be >= 1 (a size or count), got {min(values)!r}")
 
 
 def run_sweep(target: str, grid: dict, *, master_seed: seeding.SeedLike, seeds: int = 8, store=None,
