@@ -600,13 +600,17 @@ def _sphere_starts(problem: GDBetaProblem) -> list[np.ndarray]:
     return starts
 
 
+# The Nelder–Mead polish of optimal_attention_risk must lower the risk by more than this, relative, to be taken:
+# far above the objective's round-off (~1e-15) and Nelder–Mead's own jitter at its tolerances.
+POLISH_GAIN = 1e-12
+
+
 def optimal_attention_risk(problem: GDBetaProblem, *, mlp: bool, gtol: float = 1e-12) -> OptimalReadout:
     """inf over the LTB (``mlp=True``) or LSA (``mlp=False``) of the ICL risk, docs/gd_beta.md §6 (boxed).
 
     For a fixed value direction (a, b) the prediction is linear in the read-out, so the read-out is optimised
     in closed form and only (a, b) ∈ S^d remains: a smooth non-convex problem in d+1 dimensions, minimised by
-    BFGS from 2d + 6 deterministic starts (Nelder–Mead from ~10 starts reaches the same minima to 1e-11 about
-    30x slower; docs/gd_beta.md §11.11). Theorem 5.3 says the LTB value equals R* (optimal GD-β); Theorem 4.1
+    BFGS from 2d + 6 deterministic starts and polished by Nelder–Mead from the best (docs/gd_beta.md §11.11). Theorem 5.3 says the LTB value equals R* (optimal GD-β); Theorem 4.1
     that LSA's exceeds it when β* ≠ 0.
     """
     problem.require_optimum_defined()
@@ -626,6 +630,14 @@ def optimal_attention_risk(problem: GDBetaProblem, *, mlp: bool, gtol: float = 1
         result = minimize(objective, start / np.linalg.norm(start), method="BFGS", options=dict(gtol=gtol))
         if best is None or result.fun < best.fun:
             best = result
+    # When ‖β*‖_H is large against the problem's scale the minimum lies in a narrow, curved valley near b → 0
+    # where BFGS stops on precision loss (3e-5 above the minimum at ‖β*‖ = 100, docs/gd_beta.md §11.11); a
+    # Nelder–Mead polish from its answer walks the valley. It replaces BFGS's answer only when it is lower by more
+    # than round-off, so a well-conditioned minimum keeps BFGS's digits.
+    polished = minimize(objective, best.x, method="Nelder-Mead",
+                        options=dict(xatol=1e-10, fatol=1e-14 * abs(best.fun), maxiter=20_000))
+    if polished.fun < best.fun - POLISH_GAIN * abs(best.fun):
+        best = polished
     u = best.x / np.linalg.norm(best.x)
     risk, W = optimal_readout_risk(problem, u[:d], u[d], constant=mlp)
     return OptimalReadout(risk=risk, a=u[:d], b=float(u[d]), W=W)

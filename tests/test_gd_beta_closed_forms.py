@@ -136,6 +136,23 @@ def test_spec_gap_scaling_isotropic_large_context():
         assert 640 * gap == pytest.approx(expected, rel=5e-3)  # docs/gd_beta.md §6 quotes 3 significant figures
 
 
+@pytest.mark.parametrize("norm", [100.0])
+def test_lsa_optimum_reaches_the_narrow_valley_at_huge_beta(norm):
+    """docs/gd_beta.md §6, §11.11: at ‖β*‖ = 100 the LSA optimum lies near b → 0, where BFGS alone stopped 3.3e-5
+    above it. Independent route: the risk is invariant to the scale of (a, b), so fix b = 1 and
+    minimise the read-out risk over a ∈ R² by Nelder–Mead from a = −β*/2 and −2β* (from −β* itself it stalls at b = 0's value)."""
+    from scipy.optimize import minimize
+
+    problem = GDBetaProblem.isotropic(d=2, N=10, sigma2=0.25, beta_norm=norm)
+
+    def risk(a):
+        return cf.optimal_readout_risk(problem, a, 1.0, constant=False)[0]
+
+    independent = min(minimize(risk, -problem.beta_star * t, method="Nelder-Mead",
+                               options=dict(xatol=1e-7, fatol=1e-9, maxiter=5_000)).fun for t in (0.5, 2.0))
+    assert cf.optimal_attention_risk(problem, mlp=False).risk == pytest.approx(independent, rel=1e-9)
+
+
 def test_optimal_gamma_special_case_full_rank():
     """docs/gd_beta.md §4: for H, Ψ ≻ 0, Γ* = ((N+1)/N H + (tr(HΨ) + σ²)/N Ψ⁻¹)⁻¹."""
     problem = random_problem("full rank")
