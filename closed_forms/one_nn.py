@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -43,13 +43,20 @@ class Resolution:
     Nodes uniform in v = ξ₁(1 − t) with spacing h = 2/theta_per_xi1 (so theta_per_xi1·ξ₁ nodes over all of t ∈ [−1, 1]),
     at least theta_min of them; w = log λ on a grid of spacing m·h ≈ dw with m odd, aligned with the v nodes so that
     e^{−λu} is read from a table. Richardson-extrapolated against the every-other-node subgrid. With the default
-    (h = 0.2, dw = 0.6) the relative error of ∇L is <= 2e-5 for d >= 3 at the points checked (ξ₁ up to 200), about
-    1e-3 for d = 2.
+    (h = 0.2, dw = 0.3) the error of ∇L is <= 2e-5 of ‖∇L‖ for d >= 3 at the points checked (ξ₁ up to 200, N <= 16;
+    3e-5 at N = 64, measured 2.5e-5; docs/one_nn.md §6), about 1e-3 for d = 2. dw = 0.6 left an absolute error of 5e-5 in ∂L/∂ξ₁ at ξ₁ <= 1, where
+    every reduced-GD run starts. The nearest neighbour's range in t shrinks like N^{−2/(d−1)}: theta_min is the
+    count at N <= THETA_MIN_CONTEXT, scaled by (N / THETA_MIN_CONTEXT)^{2/(d−1)} beyond (:meth:`for_context`).
     """
 
     theta_min: int = 151
     theta_per_xi1: float = 10.0
-    dw: float = 0.6
+    dw: float = 0.3
+
+    def for_context(self, d: int, N: int) -> "Resolution":
+        """This resolution with theta_min scaled for context length N on S^{d−1} (at least this theta_min)."""
+        scale = max(1.0, N / THETA_MIN_CONTEXT) ** (2.0 / (d - 1))
+        return replace(self, theta_min=max(self.theta_min, int(math.ceil(self.theta_min * scale - 1e-9))))
 
     def __post_init__(self):
         object.__setattr__(self, "theta_min", check.integer(self.theta_min, "theta_min", minimum=17))
@@ -57,6 +64,8 @@ class Resolution:
         object.__setattr__(self, "dw", check.real(self.dw, "dw", minimum=0.0, strict=True, maximum=2.0))
 
 
+# theta_min nodes resolve the nearest neighbour's peak up to this context length (the error budget of Resolution).
+THETA_MIN_CONTEXT = 16
 DYNAMICS_RESOLUTION = Resolution()
 # reduced_loss refines until the next doubling would exceed this (n_theta, n_lambda): it stops at 7985 × 4785.
 MAX_GRID = (8000, 2400)
@@ -220,8 +229,11 @@ def _quadrature(xi1, xi2, d, log_B, N, n_theta, n_lam):
             A2r += wk * r[k] * xk * xk * ek
             A3r += wk * r[k] * xk * xk * xk * ek
             A1r += wk * r[k] * xk * ek
-        phi_N1 = math.exp((N - 1) * math.log1p(-psi)) if N > 1 else 1.0
-        phi_N2 = math.exp((N - 2) * math.log1p(-psi)) if N > 2 else 1.0
+        # the node weights sum to 1 only up to round-off: once every e^{−λu} is 0, psi may exceed 1 by an ulp,
+        # and log1p(−psi) would be NaN where (1 − psi)^m is 0
+        log_phi = math.log1p(-psi) if psi < 1.0 else -np.inf
+        phi_N1 = math.exp((N - 1) * log_phi) if N > 1 else 1.0
+        phi_N2 = math.exp((N - 2) * log_phi) if N > 2 else 1.0
         c = quad_w * N * ea
         acc[4] += c * 0.5 * lam_a * A2 * phi_N1
         acc[5] += c * A2r * phi_N1
@@ -599,6 +611,7 @@ def pack_reduced_params(problem: "OneNNProblem", eta: float, resolution: Resolut
     if not isinstance(resolution, Resolution):
         raise ValueError(f"resolution must be a one_nn.Resolution, got {resolution!r}")
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    resolution = resolution.for_context(problem.d, problem.N)
     return np.array([problem.d, _log_B(problem.d), problem.N, eta, resolution.theta_min, resolution.theta_per_xi1,
                      resolution.dw], dtype=float)
 
@@ -660,6 +673,7 @@ def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
     xi1, xi2 = _check_point(xi1, xi2)
     if not isinstance(resolution, Resolution):
         raise ValueError(f"resolution must be a one_nn.Resolution, got {resolution!r}")
+    resolution = resolution.for_context(problem.d, problem.N)
     theta_nodes(xi1, resolution)
     _check_overflow(xi1)
     return _adaptive_quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, resolution.theta_min,

@@ -205,6 +205,30 @@ def test_dynamics_quadrature_keeps_its_documented_accuracy_at_large_xi1(xi):
     assert math.hypot(g1 - reference.d_xi1, g2 - reference.d_xi2) <= 2e-3 * np.linalg.norm(reference.gradient)
 
 
+@pytest.mark.parametrize("N", [1, 2, 16, 64])
+@pytest.mark.parametrize("xi", [(0.0, 10.0), (0.3, 3.0), (1.0, 10.0)])
+def test_dynamics_quadrature_is_accurate_where_every_run_starts(N, xi):
+    """Small ξ₁ (every reduced-GD run starts at ξ₁ = 0): with a λ spacing of 0.6 the kernel's ∂L/∂ξ₁ was off by
+    5e-5 absolute (−5.05e-5 at N = 1, ξ = (0, 10), where the value is +2.06e-9), and with 151 θ nodes at N = 64 by
+    1.3e-3 of ‖∇L‖. Reference: the self-refining quadrature at rtol 1e-8. Bound: the documented accuracy of
+    cf.Resolution, 2e-5 of ‖∇L‖ at N <= 16 and 3e-5 at N = 64 (measured 2.5e-5; docs/one_nn.md §6), plus 1e-10 for
+    gradients that are themselves ~1e-9."""
+    problem = OneNNProblem(3, N)
+    _, g1, g2 = cf.reduced_loss_adaptive(problem, *xi)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the reference may stop at its largest grid, still far finer
+        reference = cf.reduced_loss(problem, *xi, rtol=1e-8)
+    bound = (2e-5 if N <= 16 else 3e-5) * np.linalg.norm(reference.gradient) + 1e-10
+    assert abs(g1 - reference.d_xi1) <= bound and abs(g2 - reference.d_xi2) <= bound
+
+
+def test_the_reference_quadrature_stays_finite_when_every_weight_vanishes():
+    """d = 3, N = 2 at ξ = (0, 10) on the 1997 × 1197 grid: once every e^{−λu} is 0 the node weights' sum, 1 up to an
+    ulp, made log1p(−ψ) NaN; the refining quadrature then failed at rtol 1e-6."""
+    values = cf.reduced_loss(OneNNProblem(3, 2), 0.0, 10.0, rtol=1e-7)
+    assert values.d_xi1 == pytest.approx(-0.166662883, rel=1e-8)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(theta_min=3), "theta_min must be >= 17"), (dict(theta_per_xi1=-1.0), "theta_per_xi1 must be >= 0"),
     (dict(dw=0.0), "dw must be > 0"), (dict(dw=5.0), "dw must be <= 2"),
