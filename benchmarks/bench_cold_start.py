@@ -62,7 +62,7 @@ def _child(names: list[str], out_path: str) -> None:
     event.register("numba:compile", Recorder())
     start = time.process_time()
     with contextlib.redirect_stdout(io.StringIO()):
-        status = cli.main(["check", "--no-progress", *names])
+        status = cli.main(["check", "--jobs", "1", "--no-store", "--no-progress", *names])
     total = time.process_time() - start
     with open(out_path, "w") as out:
         json.dump(dict(status=status, total=total, compiles=compiles), out)

@@ -1,5 +1,6 @@
 """``attnflow check`` on the engine: parallel and distributed runs give the same JSON, outcomes are stored as they
 finish, an interrupted or killed run keeps them and resumes, and a report is rebuilt from the store alone."""
+import ast
 import json
 import os
 import shlex
@@ -265,6 +266,27 @@ def test_batches_keep_a_systems_short_claims_together_and_start_longest_first():
     assert sorted(t.claim for b in grouped for t in b.tasks) == sorted(t.claim for t in tasks)
     short = claim_runs.batches([task(f"a.{i}", 10) for i in range(8)], 2)  # cap max(10, 80 / 8) = 10
     assert [len(b.tasks) for b in short] == [1] * 8
+    # a system whose kernels are not compiled yet runs in one worker, whatever the cap: it compiles them once
+    cold = claim_runs.batches([task(f"a.{i}", 10) for i in range(8)] + [task("b.one", 5)], 2, frozenset({"a"}))
+    assert [[t.claim for t in b.tasks] for b in cold] == [[f"a.{i}" for i in range(8)], ["b.one"]]
+
+
+def test_an_empty_numba_cache_makes_every_system_cold_and_a_filled_one_none(tmp_path):
+    """The cold-cache detector reads numba's cache index of each system's kernels: none in a new cache folder;
+    after the quick claims of random_walk ran there, random_walk is warm."""
+    probe = ("from attnflow.validation import claim_runs, systems; "
+             "print(sorted(claim_runs.systems_with_cold_kernels(systems.select([]))))")
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def cold() -> list:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=environment,
+                              check=True)
+        return ast.literal_eval(done.stdout.strip())
+
+    assert cold() == sorted(systems.system_keys())
+    subprocess.run([sys.executable, "-m", "attnflow.validation.cli", "check", "random-walk", "--jobs", "1",
+                    "--no-store", "--no-progress"], capture_output=True, env=environment, check=True)
+    assert cold() == sorted(set(systems.system_keys()) - {"random_walk"})
 
 
 def test_the_readmes_check_and_report_examples_run_as_printed(tmp_path):

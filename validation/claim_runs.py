@@ -23,7 +23,9 @@ import json
 import platform as _platform
 import re
 import statistics
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -156,13 +158,15 @@ class ClaimBatch:
         return [task.run() for task in self.tasks]
 
 
-def batches(tasks: list[ClaimTask], workers: int) -> list[ClaimBatch]:
+def batches(tasks: list[ClaimTask], workers: int, cold: frozenset = frozenset()) -> list[ClaimBatch]:
     """The tasks in batches for ``workers`` workers, longest batch first.
 
     One worker runs one claim per batch (each is printed as it finishes). With more, consecutive claims of a
     system share a batch up to max(longest claim, total / (4 · workers)) expected seconds, and never more than
     ``MAX_BATCH_SECONDS`` unless one claim alone takes longer: small enough that longest-first keeps the workers
-    evenly loaded, large enough that a system's claims mostly meet in one worker."""
+    evenly loaded, large enough that a system's claims mostly meet in one worker. The claims of a system in
+    ``cold`` (its kernels not yet in numba's cache, :func:`systems_with_cold_kernels`) form one batch, so one
+    worker compiles its kernels instead of each worker that gets one of its claims."""
     if workers <= 1 or not tasks:  # in the registry's order: one process prints them as they come
         return [ClaimBatch((task,)) for task in tasks]
     total = sum(t.expected for t in tasks)
@@ -170,12 +174,45 @@ def batches(tasks: list[ClaimTask], workers: int) -> list[ClaimBatch]:
     grouped: list[list[ClaimTask]] = []
     for task in tasks:
         last = grouped[-1] if grouped else None
-        if (last and last[0].claim.split(".")[0] == task.claim.split(".")[0]
-                and sum(t.expected for t in last) + task.expected <= cap):
+        system = task.claim.split(".")[0]
+        if (last and last[0].claim.split(".")[0] == system
+                and (system in cold or sum(t.expected for t in last) + task.expected <= cap)):
             last.append(task)
         else:
             grouped.append([task])
     return sorted((ClaimBatch(tuple(group)) for group in grouped), key=lambda b: -b.expected)
+
+
+def systems_with_cold_kernels(claims: list[Claim]) -> frozenset:
+    """The systems of ``claims`` whose compiled kernels are mostly missing from numba's on-disk cache (a fresh
+    clone, an edited kernel): fewer than half of the kernels defined in the claims' modules and the attnflow or
+    plugin modules they name have a cache index for the current source. A kernel the quick claims never call has
+    none even on a warm cache, hence the majority rule. Unknown (numba's cache layout changed): none is cold."""
+    from numba.core.registry import CPUDispatcher
+
+    cold = set()
+    for system in {c.system for c in claims}:
+        modules = {}
+        for c in claims:
+            if c.system != system:
+                continue
+            module = sys.modules.get(c.function.__module__)
+            if module is None:
+                continue
+            root = module.__name__.partition(".")[0]
+            modules[module.__name__] = module
+            for value in vars(module).values():
+                if isinstance(value, types.ModuleType) and value.__name__.partition(".")[0] in ("attnflow", root):
+                    modules[value.__name__] = value
+        kernels = [value for name, module in modules.items() for value in vars(module).values()
+                   if isinstance(value, CPUDispatcher) and getattr(value.py_func, "__module__", None) == name]
+        try:
+            cached = sum(bool(kernel._cache._cache_file._load_index()) for kernel in kernels)
+        except (AttributeError, OSError, ValueError):
+            return frozenset()
+        if kernels and cached < len(kernels) / 2:
+            cold.add(system)
+    return frozenset(cold)
 
 
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
@@ -294,7 +331,10 @@ def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_
     try:
         # a cluster's size is not known before it runs: its batches are cut as for CLUSTER_WORKERS workers
         workers = CLUSTER_WORKERS if scheduler is not None else engine.worker_count(n_jobs, len(pending))
-        for batch in engine.run_tasks(batches(pending, workers), n_jobs=n_jobs, scheduler=scheduler,
+        # on a cluster each worker has its own cache, so nothing is known about it here
+        cold = frozenset() if scheduler is not None or workers <= 1 else systems_with_cold_kernels(
+            [c for c in claims if c.name in {t.claim for t in pending}])
+        for batch in engine.run_tasks(batches(pending, workers, cold), n_jobs=n_jobs, scheduler=scheduler,
                                       on_start=None if on_start is None else lambda b: on_start(b.tasks[0])):
             for record in batch:
                 store.write(record)
