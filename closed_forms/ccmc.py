@@ -89,11 +89,12 @@ def check_prompts(prompts, K: int, name: str = "prompts", *, query: str = "self"
 @dataclass(frozen=True)
 class CCMCProblem:
     """A CCMC (§2–3): the base chain P (K × K, row-stochastic, > 0), the length L of i.i.d. uniform prompts used
-    for learning (§5), the initial prompt X0 of a generated trajectory (§6) and the query variant (§2.2)."""
+    for learning (§5), the initial prompt X0 of a generated trajectory (§6) and the query variant (§2.2).
+    X0 defaults to the first min(K, 4) tokens, (0, 1, 2, 3) for K >= 4, so that a chain of any size has a valid one."""
 
     P: np.ndarray
     L: int = 6
-    X0: tuple = (0, 1, 2, 3)
+    X0: tuple | None = None
     query: str = "self"
 
     def __post_init__(self):
@@ -102,6 +103,8 @@ class CCMCProblem:
         if self.query not in QUERY_VARIANTS:
             raise ValueError(f"query must be one of {QUERY_VARIANTS}, got {self.query!r}")
         object.__setattr__(self, "L", check.integer(self.L, "L", minimum=2 if self.query == "exclude" else 1))
+        if self.X0 is None:
+            object.__setattr__(self, "X0", tuple(range(min(self.K, 4))))
         X0 = check_prompts(self.X0, self.K, "X0", query=self.query)
         if X0.shape[0] != 1:
             raise ValueError(f"X0 must be one prompt (a list of tokens), got shape {X0.shape}")
@@ -112,8 +115,8 @@ class CCMCProblem:
                   minimum=0.0, maximum=1.0),
         Parameter("L", "integer", 6, "length of the i.i.d. uniform prompts the MLE learns from", minimum=1,
                   maximum=10_000),
-        Parameter("X0", "vector", [0, 1, 2, 3], "initial prompt of a generated trajectory (tokens 0..K-1)",
-                  minimum=0, maximum=100_000),
+        Parameter("X0", "vector", None, "initial prompt of a generated trajectory (tokens 0..K-1; default the "
+                  "first min(K, 4) tokens)", minimum=0, maximum=100_000),
         Parameter("query", "choice", "self", "does the query attend to itself (self) or not (exclude)",
                   choices=QUERY_VARIANTS),
     )
@@ -122,11 +125,11 @@ class CCMCProblem:
     def from_params(cls, values) -> "CCMCProblem":
         """A problem from named text or values (``PARAMETERS``)."""
         parsed = parse_parameters(cls.PARAMETERS, values, owner="ccmc")
-        X0 = np.asarray(parsed["X0"], float)
-        if not np.all(X0 == np.round(X0)):
+        X0 = None if parsed["X0"] is None else np.asarray(parsed["X0"], float)
+        if X0 is not None and not np.all(X0 == np.round(X0)):
             raise ValueError("parameter X0 must hold integer tokens")
-        return cls(P=np.asarray(parsed["P"], float), L=parsed["L"], X0=tuple(int(x) for x in X0),
-                   query=parsed["query"])
+        return cls(P=np.asarray(parsed["P"], float), L=parsed["L"],
+                   X0=None if X0 is None else tuple(int(x) for x in X0), query=parsed["query"])
 
     @property
     def K(self) -> int:

@@ -357,3 +357,12 @@ def test_a_chain_is_checked_into_one_read_only_c_ordered_copy():
     assert P.flags.c_contiguous and not P.flags.writeable and np.array_equal(P, cf.CYCLE_P)
     np.testing.assert_array_equal(cf.stationary_law_of_q(np.full(4, 0.25), fortran),
                                   cf.stationary_law_of_q(np.full(4, 0.25), cf.CYCLE_P))
+
+
+@pytest.mark.parametrize("K", [2, 3, 4, 6])
+def test_the_default_initial_prompt_is_valid_for_every_chain_size(K):
+    """X0 defaults to the first min(K, 4) tokens: a K < 4 chain needs no X0 even where none is used."""
+    problem = CCMCProblem(np.full((K, K), 1 / K))
+    assert problem.X0 == tuple(range(min(K, 4)))
+    values = {"P": ";".join(",".join([str(1 / K)] * K) for _ in range(K))}
+    assert CCMCProblem.from_params(values).X0 == problem.X0
