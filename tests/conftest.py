@@ -6,6 +6,15 @@ import pytest
 from attnflow.validation.stats import Z_TOLERANCE
 
 
+def all_finite(values) -> bool:
+    """Every float in a nested dict/list of printed values is finite (text such as "undefined" is allowed)."""
+    if isinstance(values, dict):
+        return all(all_finite(v) for v in values.values())
+    if isinstance(values, (list, tuple)):
+        return all(all_finite(v) for v in values)
+    return not isinstance(values, float) or np.isfinite(values)
+
+
 def assert_within_standard_errors(measured_mean, standard_error, predicted, k=Z_TOLERANCE):
     """|measured − predicted| < k standard errors (elementwise for arrays)."""
     measured_mean, standard_error, predicted = (np.asarray(v, float) for v in (measured_mean, standard_error, predicted))

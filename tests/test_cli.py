@@ -1,6 +1,5 @@
 """The command line end to end, in subprocesses as a user runs it."""
 import json
-import math
 import os
 import subprocess
 import sys
@@ -8,6 +7,8 @@ import sys
 import pytest
 
 from attnflow.validation import systems
+
+from .conftest import all_finite
 
 FAST_CLAIMS = ["gd_beta.risk_formula", "gd-beta.bayes_factor_needs_bounded_snr"]
 
@@ -165,13 +166,6 @@ SMALL = {
 }
 
 
-def _all_finite(values) -> bool:
-    if isinstance(values, dict):
-        return all(_all_finite(v) for v in values.values())
-    if isinstance(values, list):
-        return all(_all_finite(v) for v in values)
-    return not isinstance(values, float) or math.isfinite(values)
-
 
 def test_the_generic_commands_are_exercised_on_every_built_in_system():
     assert sorted(SMALL) == sorted(systems.system_keys())
@@ -192,7 +186,7 @@ def test_solve_and_simulate_run_for_every_built_in_system(system, capsys, tmp_pa
         kind = "population" if command == "solve" else "minibatch"
         assert document["values"][f"{kind}: records"] == len(document["trajectory"]["times"]) >= 2
         assert document["trajectory"]["metrics"]
-        assert _all_finite(document["values"]), document["values"]
+        assert all_finite(document["values"]), document["values"]
         assert (tmp_path / f"{command}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["solve", system, "--describe"]) == 0
     assert "problem:" in capsys.readouterr().out

@@ -7,12 +7,13 @@ in-domain runs of test_cli.py check that what exits 0 prints only finite numbers
 import contextlib
 import io
 import json
-import math
 
 import pytest
 
 from attnflow.validation import systems
 from attnflow.validation.cli import main
+
+from .conftest import all_finite
 
 
 def bad_values(parameter) -> list[str]:
@@ -95,14 +96,6 @@ def test_reported_edge_cases_are_refused_before_any_work(args, named, a_file):
     assert_refused_in_one_line([arg.replace("{F}", str(a_file)) for arg in args], named)
 
 
-def finite_numbers(values) -> bool:
-    if isinstance(values, dict):
-        return all(finite_numbers(v) for v in values.values())
-    if isinstance(values, (list, tuple)):
-        return all(finite_numbers(v) for v in values)
-    return not isinstance(values, float) or math.isfinite(values)
-
-
 @pytest.mark.parametrize("sigma2", ["0", "1e-320"])
 def test_noise_free_labels_give_the_closed_forms_limit_not_inf_or_a_traceback(sigma2):
     """σ² → 0: the SNR is said to be infinite in words, the Bayes risk is its exact limit (0 once N ≥ d) and the
@@ -112,7 +105,7 @@ def test_noise_free_labels_give_the_closed_forms_limit_not_inf_or_a_traceback(si
     code, out, err = run(["solve", "gd-beta", "--param", f"sigma2={sigma2}", *fast, "--json"])
     assert code == 0, err
     values = json.loads(out)["values"]
-    assert finite_numbers(values)
+    assert all_finite(values)
     assert values["SNR tr(HΨ)/σ²"] == "infinite (noise-free labels)"
     assert values["Bayes risk (Lemma 6.1, MC)"] < 1e-300
     assert values["excess ratio GD-β/Bayes (Cor 6.2)"].startswith("undefined")
