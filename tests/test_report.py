@@ -13,7 +13,7 @@ import numba
 import pytest
 
 from attnflow import Claim, Outcome, run_claim
-from attnflow.validation import plots, report
+from attnflow.validation import notation, plots, report
 from attnflow.validation.cli import main
 
 CHEAP_CLAIMS = ["gd_beta.risk_formula", "attention_svm.single_input_svm", "ccmc.base_chain_row"]
@@ -229,7 +229,7 @@ def _markdown_rows(markdown: str) -> list[list[str]]:
 
 
 def _values(result: dict) -> list[str]:
-    return [report.format_number(v) for v in (*result["measured"].values(), *result["predicted"].values())]
+    return [report.format_value(v) for v in (*result["measured"].values(), *result["predicted"].values())]
 
 
 def _assert_reports_hold_every_number(results: list[dict], folder, n_figures: int):
@@ -265,12 +265,14 @@ def test_reports_of_every_status_hold_every_number_label_and_figure(tmp_path):
 
     markdown = (tmp_path / "report.md").read_text(encoding="utf-8")
     rows = _markdown_rows(markdown)
-    value_rows = [row for row in rows if row[0] in TRICKY_LABELS.values()]
-    assert {row[0] for row in value_rows} == set(TRICKY_LABELS.values())  # labels survive, shown, not ids
+    shown = {notation.plain(label) for label in TRICKY_LABELS.values()}  # TeX math as Unicode text
+    assert r"‖x‖/‖y‖ <small>" in shown
+    value_rows = [row for row in rows if row[0] in shown]
+    assert {row[0] for row in value_rows} == shown  # labels survive, shown, not ids
     assert all(len(row) == 3 for row in value_rows)  # label | measured | predicted, no cell split off
     assert ["a | b", "1.21016"] in rows
     page = _page(tmp_path / "report.html")
-    assert all(label in page.text for label in TRICKY_LABELS.values())
+    assert all(label in page.text for label in shown)
     html_text = (tmp_path / "report.html").read_text()
     for status, colour in (("PASS", "#116329"), ("FAIL", "#a40e26"), ("FINDING", "#7d4e00"), ("ERROR", "#424a53")):
         assert f'<span class="status {status}">{status}</span>' in html_text  # the word, coloured by its class
@@ -281,8 +283,10 @@ def test_reports_of_every_status_hold_every_number_label_and_figure(tmp_path):
     assert "](figures/fake.passes.png)" in markdown
     # what each claim states beside its numbers
     assert "Nominal false-FAIL rate: 6e-05" in page.text and "Registered finding: it does not hold" in page.text
-    assert ("a", "href", "docs/ccmc.md") in page.links and "docs/ccmc.md §3.1" in page.text  # from the reference
-    assert ("a", "href", "docs/attention_svm.md") in page.links and "§7.2" in page.text  # from the notes
+    hrefs = [link[2] for link in page.links if link[:2] == ("a", "href")]
+    # from the reference, then from the notes: each to its section's heading in the copy beside the report
+    assert any(h.startswith("docs/ccmc.md#31") for h in hrefs) and "docs/ccmc.md §3.1" in page.text
+    assert any(h.startswith("docs/attention_svm.md#72") for h in hrefs) and "§7.2" in page.text
     assert "kaput" in page.text and "'Max |z|'" in page.text
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import io
 import json
 import platform as _platform
 import re
@@ -33,7 +32,8 @@ from . import engine, report, systems
 from .claims import CheckResult, Claim, run_claim
 from .fingerprint import module_fingerprint
 
-__all__ = ["ClaimTask", "ClaimBatch", "batches", "CheckRun", "RECORD_FIELDS", "run_checks", "result_from_record", "figure_from_record", "tasks_for",
+__all__ = ["ClaimTask", "ClaimBatch", "batches", "CheckRun", "RECORD_FIELDS", "run_checks", "result_from_record", "figure_from_record",
+           "figure_files_from_record", "tasks_for",
            "expected_seconds", "match_expression", "library_versions", "store_for", "stored_results"]
 
 RECORD_FIELDS = ("key", "kind", "claim", "setting", "seed", "version", "libraries", "code", "platform", "result",
@@ -66,6 +66,7 @@ class ClaimTask:
     libraries: str
     draw_figure: bool = False
     expected: float = 0.0  # seconds, for ordering and the ETA
+    figure_formats: tuple = ("png",)  # PNG for the reports, and any of FIGURE_FORMATS for a paper
 
     @property
     def key(self) -> str:
@@ -76,23 +77,23 @@ class ClaimTask:
     def run(self) -> dict:
         claim = systems.select([self.claim])[0]
         result = run_claim(claim, seed=self.seed, full=self.setting == "full")
-        figure = _render(result) if self.draw_figure else None
+        figure = _render(result, self.figure_formats) if self.draw_figure else None
         return dict(key=self.key, kind=KIND, claim=self.claim, setting=self.setting, seed=self.seed,
                     version=report.version(), libraries=self.libraries, code=self.code, platform=report.platform(),
                     result=result.to_dict(), figure=figure, figure_drawn=self.draw_figure,
                     seconds=round(result.seconds, 3), run_id=engine.RUN_ID)
 
 
-def _render(result: CheckResult) -> dict | None:
-    """The claim's figure as base64 PNG, or why it could not be drawn (its numbers are kept either way)."""
+def _render(result: CheckResult, formats=("png",)) -> dict | None:
+    """The claim's figure in each of ``formats`` (PNG always), base64, or why it could not be drawn (its numbers
+    are kept either way)."""
     if result.figure is None:
         return None
     try:
-        buffer = io.BytesIO()
-        result.figure().savefig(buffer, format="png", dpi=report.FIGURE_DPI)
+        drawn = report.draw_figure(result, formats)
     except Exception as error:
         return dict(error=f"{type(error).__name__}: {error}")
-    return dict(png=base64.b64encode(buffer.getvalue()).decode("ascii"))
+    return {form: base64.b64encode(data).decode("ascii") for form, data in drawn.items()}
 
 
 def result_from_record(record: dict) -> CheckResult:
@@ -113,6 +114,12 @@ def figure_from_record(record: dict) -> bytes | str | None:
     return base64.b64decode(figure["png"]) if "png" in figure else figure.get("error", "not drawn")
 
 
+def figure_files_from_record(record: dict) -> dict:
+    """Format -> bytes of every drawing of the figure a record holds (empty when it has none)."""
+    figure = record.get("figure") or {}
+    return {form: base64.b64decode(figure[form]) for form in report.FIGURE_FORMATS if form in figure}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Which claims, in which order
 # ----------------------------------------------------------------------------------------------------------------
@@ -131,10 +138,11 @@ def expected_seconds(claim: str, setting: str) -> float:
     return float(statistics.median(table.values())) if table else 1.0
 
 
-def tasks_for(claims: list[Claim], *, setting: str, seed: int, draw_figures: bool) -> list[ClaimTask]:
+def tasks_for(claims: list[Claim], *, setting: str, seed: int, draw_figures: bool,
+              figure_formats: tuple = ("png",)) -> list[ClaimTask]:
     libraries = library_versions()
     return [ClaimTask(c.name, setting, int(seed), module_fingerprint(c.function.__module__), libraries, draw_figures,
-                      expected_seconds(c.name, setting)) for c in claims]
+                      expected_seconds(c.name, setting), tuple(figure_formats)) for c in claims]
 
 
 CLUSTER_WORKERS = 16
@@ -296,29 +304,36 @@ class CheckRun:
     failure: str = ""  # why the run stopped before every claim finished (a worker that died, a lost cluster)
     quarantined: list = field(default_factory=list)
     missing: list = field(default_factory=list)  # claims that did not finish (an interrupted run)
+    figure_files: dict = field(default_factory=dict)  # claim name -> {format: bytes}, every format drawn
 
 
-def _reusable(record: dict, draw_figures: bool) -> bool:
-    """An ERROR is the check breaking, not a verdict: it runs again. A record without its figure runs again when
-    a figure is wanted."""
-    return record["result"]["status"] != "ERROR" and (record["figure_drawn"] or not draw_figures)
+def _reusable(record: dict, draw_figures: bool, figure_formats: tuple = ("png",)) -> bool:
+    """An ERROR is the check breaking, not a verdict: it runs again. A record without its figure, or without
+    one of the formats asked for, runs again when a figure is wanted."""
+    if record["result"]["status"] == "ERROR":
+        return False
+    if not draw_figures:
+        return True
+    figure = record["figure"]
+    return record["figure_drawn"] and (figure is None or "error" in figure or all(f in figure for f in figure_formats))
 
 
 def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_jobs: int = 1,
                scheduler: str | None = None, store=None, rerun: bool = False, draw_figures: bool = False,
-               on_result=None, on_start=None) -> CheckRun:
+               figure_formats: tuple = ("png",), on_result=None, on_start=None) -> CheckRun:
     """Run ``claims`` through the engine, reusing the sound stored records whose key still matches.
 
     ``on_result(result, reused)`` is called as each claim finishes (stored ones first), ``on_start(task)`` before
     a claim starts in this process. Ctrl-C stops the run; what finished is returned with ``interrupted=True``
-    (and is already in the store)."""
+    (and is already in the store). ``figure_formats`` (with ``draw_figures``): the formats each figure is saved
+    in besides PNG, for a paper (``report.FIGURE_FORMATS``)."""
     started = time.perf_counter()
     store = store if isinstance(store, engine.ResultStore) else store_for(store)
-    tasks = tasks_for(claims, setting=setting, seed=seed, draw_figures=draw_figures)
+    tasks = tasks_for(claims, setting=setting, seed=seed, draw_figures=draw_figures, figure_formats=figure_formats)
     records: dict[str, dict] = {}
     pending = []
     for task in tasks:
-        if not rerun and store.has(task.key) and _reusable(store.load(task.key), draw_figures):
+        if not rerun and store.has(task.key) and _reusable(store.load(task.key), draw_figures, task.figure_formats):
             records[task.claim] = store.load(task.key)
         else:
             pending.append(task)
@@ -345,10 +360,12 @@ def run_checks(claims: list[Claim], *, setting: str = "quick", seed: int = 0, n_
         interrupted = True
     except Exception as error:  # a worker killed (out of memory, a crash in compiled code) or a cluster lost
         failure = f"{type(error).__name__}: {error}".splitlines()[0]
-    results, figures = _results_and_figures([records[t.claim] for t in tasks if t.claim in records])
+    finished = [records[t.claim] for t in tasks if t.claim in records]
+    results, figures = _results_and_figures(finished)
     return CheckRun(results=results, figures=figures, computed=len(records) - reused, reused=reused,
                     seconds=time.perf_counter() - started, interrupted=interrupted, failure=failure,
-                    quarantined=list(store.quarantined), missing=[t.claim for t in tasks if t.claim not in records])
+                    quarantined=list(store.quarantined), missing=[t.claim for t in tasks if t.claim not in records],
+                    figure_files=_figure_files(finished))
 
 
 def _results_and_figures(records: list[dict]) -> tuple[list[CheckResult], dict]:
@@ -357,12 +374,17 @@ def _results_and_figures(records: list[dict]) -> tuple[list[CheckResult], dict]:
     return [result_from_record(record) for record in records], {k: v for k, v in figures.items() if v is not None}
 
 
+def _figure_files(records: list[dict]) -> dict:
+    return {record["claim"]: files for record in records if (files := figure_files_from_record(record))}
+
+
 def stored_results(claims: list[Claim], store, *, setting: str, seed: int) -> CheckRun:
     """The stored outcomes of ``claims`` whose key matches the current code, without computing anything; the
     claims without one are listed in ``missing``."""
     store = store if isinstance(store, engine.ResultStore) else store_for(store)
     tasks = tasks_for(claims, setting=setting, seed=seed, draw_figures=True)
     missing = [task.claim for task in tasks if not store.has(task.key)]
-    results, figures = _results_and_figures([store.load(t.key) for t in tasks if t.claim not in missing])
+    stored = [store.load(t.key) for t in tasks if t.claim not in missing]
+    results, figures = _results_and_figures(stored)
     return CheckRun(results=results, figures=figures, computed=0, reused=len(results), seconds=0.0,
-                    quarantined=list(store.quarantined), missing=missing)
+                    quarantined=list(store.quarantined), missing=missing, figure_files=_figure_files(stored))

@@ -3,7 +3,8 @@
     attnflow list
     attnflow check [NAMES…] [-k EXPR] [--full] [--json] [--seed S] [--report DIR] [--jobs N] [--scheduler ADDRESS]
                    [--store DIR | --no-store] [--rerun]
-    attnflow report STORE [NAMES…] [--out DIR] [--full] [--seed S] [--json]
+    attnflow report STORE [NAMES…] [--out DIR] [--full] [--seed S] [--json] [--figure-format F,…]
+    attnflow diff A.json B.json [--rtol R] [--json]
     attnflow solve SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--latex] [--describe]
     attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--describe]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
@@ -14,7 +15,7 @@
 Problem's parameters and the options of the population dynamics (solve) or of the minibatch algorithm
 (simulate); ``--describe`` lists them. Exit codes: 0 every claim's outcome is the registered one (PASS, or a documented FINDING reproduced) or the
 command succeeded; 1 a claim failed or errored, or a finding stopped reproducing (with ``--strict`` findings count
-as failures too); 2 bad input (one line on stderr); 130 interrupted.
+as failures too), or ``diff`` found a claim that differs; 2 bad input (one line on stderr); 130 interrupted.
 """
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
     check.add_argument("--report", metavar="DIR",
                        help="write DIR/report.md (figures in DIR/figures) and the self-contained DIR/report.html")
+    _add_figure_format(check)
     check.add_argument("--strict", action="store_true", help="count registered findings as failures (exit 1)")
     check.add_argument("--jobs", type=int, default=None, metavar="N",
                        help="worker processes (default: every core when the claims are expected to take over "
@@ -101,6 +103,14 @@ def _build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--full", action="store_true", help="the outcomes of a --full run (default: quick)")
     rebuild.add_argument("--seed", type=int, default=0, help="the master seed of the run (default 0)")
     rebuild.add_argument("--json", action="store_true", help="print the check JSON document of the stored outcomes")
+    _add_figure_format(rebuild)
+
+    compare = sub.add_parser("diff", help="the claims whose verdict or numbers changed between two check --json runs")
+    compare.add_argument("run_a", metavar="A.json", help="a document written by attnflow check --json")
+    compare.add_argument("run_b", metavar="B.json", help="another one")
+    compare.add_argument("--rtol", type=float, default=0.0,
+                         help="ignore numbers that moved by at most this, relative (default 0: any change)")
+    compare.add_argument("--json", action="store_true", help="print JSON (schema attnflow.diff/1)")
 
     calibrate = sub.add_parser("calibrate", help="a claim's false-FAIL rate over many seeds against its nominal rate")
     calibrate.add_argument("claims", nargs="*", metavar="CLAIM",
@@ -149,6 +159,21 @@ def _build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--latex", action="store_true", help="print the symbolic derivation of the reduced system")
     _add_system_command(sub, "simulate", "the paper's minibatch training algorithm on one system")
     return parser
+
+
+def _add_figure_format(command) -> None:
+    command.add_argument("--figure-format", metavar="F,…", default="png",
+                         help="with a report: also save each figure in these formats, for a paper (png, pdf, svg; "
+                              "default png)")
+
+
+def _figure_formats(text: str) -> tuple:
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in text.split(",") if f.strip()))
+    unknown = [f for f in formats if f not in report.FIGURE_FORMATS]
+    if not formats or unknown:
+        raise ValueError(f"--figure-format: {(unknown or [text])[0]!r} is not one of "
+                         f"{', '.join(report.FIGURE_FORMATS)}")
+    return formats
 
 
 def _check_output_file(path: str | None, option: str) -> None:
@@ -254,6 +279,7 @@ def _check_jobs(args, selected: list, setting: str) -> int:
 def _command_check(args) -> int:
     _check_seed(args.seed)
     _check_output_folder(args.report, "--report")
+    figure_formats = _figure_formats(args.figure_format)
     store = _check_store(args)
     selected = _selected_claims(args)
     setting = "full" if args.full else "quick"
@@ -275,7 +301,8 @@ def _command_check(args) -> int:
 
         run = claim_runs.run_checks(selected, setting=setting, seed=args.seed, n_jobs=n_jobs,
                                     scheduler=args.scheduler, store=store, rerun=args.rerun,
-                                    draw_figures=bool(args.report or store), on_result=finished,
+                                    draw_figures=bool(args.report or store), figure_formats=figure_formats,
+                                    on_result=finished,
                                     on_start=lambda task: live.start(task.claim))
     results = run.results
     if args.json:
@@ -288,7 +315,8 @@ def _command_check(args) -> int:
     if store is not None:
         print(f"computed {run.computed} claims, reused {run.reused} from {store}", file=sys.stderr)
     if args.report and results:
-        path = report.write_report(results, args.report, seed=args.seed, setting=setting, figures=run.figures)
+        path = report.write_report(results, args.report, seed=args.seed, setting=setting, figures=run.figures,
+                                   figure_files=run.figure_files, figure_formats=figure_formats)
         print(f"report written to {path} and {path.with_suffix('.html')}", file=sys.stderr)
     if run.failure:
         print(f"attnflow: error: the run stopped ({run.failure}); {len(results)} of {len(selected)} claims finished"
@@ -320,6 +348,7 @@ def _command_report(args) -> int:
     if not args.out and not args.json:
         raise ValueError("give --out DIR (the report) or --json")
     _check_output_folder(args.out, "--out")
+    figure_formats = _figure_formats(args.figure_format)
     selected = _selected_claims(args)
     setting = "full" if args.full else "quick"
     run = claim_runs.stored_results(selected, args.store, setting=setting, seed=args.seed)
@@ -332,10 +361,24 @@ def _command_report(args) -> int:
         print(f"attnflow: {len(run.missing)} claims have no outcome of the current code at setting {setting}, "
               f"seed {args.seed} in {args.store}: {shown}", file=sys.stderr)
     if args.out and run.results:
-        path = report.write_report(run.results, args.out, seed=args.seed, setting=setting, figures=run.figures)
+        path = report.write_report(run.results, args.out, seed=args.seed, setting=setting, figures=run.figures,
+                                   figure_files=run.figure_files, figure_formats=figure_formats)
+        absent = sorted({name for name in run.figures if isinstance(run.figures[name], bytes)
+                         for form in figure_formats if form not in run.figure_files.get(name, {})})
+        if absent:
+            print(f"attnflow: {len(absent)} stored figures were not saved as {','.join(figure_formats)}: "
+                  f"rerun check with --figure-format {','.join(figure_formats)} to store them", file=sys.stderr)
         print(f"report of {len(run.results)} stored claims written to {path} and {path.with_suffix('.html')}",
               file=sys.stderr)
     return 1 if run.missing else 0
+
+
+def _command_diff(args) -> int:
+    from . import rundiff
+
+    difference = rundiff.diff_runs(rundiff.load_run(args.run_a), rundiff.load_run(args.run_b), rtol=args.rtol)
+    print(json.dumps(difference.to_dict(), indent=2, ensure_ascii=False) if args.json else difference.text())
+    return 1 if difference.changes else 0
 
 
 def _command_calibrate(args) -> int:
@@ -744,7 +787,7 @@ def _run(parser, argv) -> int:
             command = {"list": _command_list, "check": _command_check, "report": _command_report,
                        "solve": _command_solve,
                        "simulate": _command_simulate, "sweep": _command_sweep,
-                       "calibrate": _command_calibrate, "bench": _command_bench}[args.command]
+                       "calibrate": _command_calibrate, "bench": _command_bench, "diff": _command_diff}[args.command]
             code = command(args)
         except (ValueError, DivergenceError, StageFailure, BudgetExceeded) as error:
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
