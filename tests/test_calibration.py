@@ -237,3 +237,37 @@ def test_merging_a_row_keeps_the_others_and_the_table_is_readable_by_all(tmp_pat
     table.with_suffix(".json").write_text('{"schema": "attnflow.calibration-table/1", "claims": [{"no": 1}]}')
     with pytest.raises(ValueError, match="not a calibration table"):
         calibration.read_table(table)
+
+
+CLAIM_SOURCE = '''
+@claim("toy.rate", "ref", "statement", quick=dict(n=10))
+def rate(seed, n):
+    estimate = n * 0.5  # the estimate
+    def figure():
+        fig, ax = plots.figure()
+        ax.plot([1, 2], [estimate, estimate])
+        return fig
+    return Outcome({"e": estimate}, {"e": 5.0}, "|z| < 4", "4 SE", passed=abs(estimate - 5) < 4, figure=figure)
+'''
+
+
+@pytest.mark.parametrize("edit, carries", [
+    (("ax.plot([1, 2], [estimate, estimate])", "ax.semilogy([1, 2], [estimate, estimate], label='e')"), True),
+    (("  # the estimate", "  # the estimate, halved"), True),          # a comment
+    (("abs(estimate - 5) < 4", "abs(estimate - 5) < 3"), False),         # what it asserts
+    (('"|z| < 4"', '"|z| < 3"'), False),
+    (("quick=dict(n=10)", "quick=dict(n=20)"), False),                   # its settings
+    (("n * 0.5", "n * 0.25"), False),                                   # what it measures
+])
+def test_the_claim_source_digest_ignores_only_how_a_claim_draws(edit, carries):
+    """A row carries across an edit to the figure (the closure handed to ``figure=``) or to comments; any edit to
+    what the claim measures, asserts or is set to changes the digest, so the row must be recalibrated."""
+    edited = CLAIM_SOURCE.replace(*edit)
+    assert edited != CLAIM_SOURCE
+    assert (calibration.assertion_digest(edited) == calibration.assertion_digest(CLAIM_SOURCE)) == carries
+
+
+def test_a_figure_given_as_a_lambda_is_left_out_too():
+    source = CLAIM_SOURCE.replace("figure=figure)", "figure=lambda: plots.curve(estimate))")
+    drawn_otherwise = source.replace("plots.curve(estimate)", "plots.curve(estimate, log=True)")
+    assert calibration.assertion_digest(source) == calibration.assertion_digest(drawn_otherwise)

@@ -27,9 +27,11 @@ this platform means the row must be recalibrated here.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,10 +173,35 @@ def witnesses_here(row: dict) -> list | None:
 
 
 def claim_source_digest(claim: str) -> str:
-    """16 hex digits of the claim's own source, its decorator (statement, settings) included: an edit to what the
-    claim asserts changes it even when its measured numbers stay the same."""
-    source = inspect.getsource(systems.select([claim])[0].function)
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+    """16 hex digits of what the claim asserts: its own source, its decorator (statement, settings) included, so an
+    edit to what the claim asserts changes it even when its measured numbers stay the same. Left out: how it draws
+    its figure (the functions it hands its Outcome as ``figure=``, which are called only to draw) and comments and
+    layout (the digest is of the parsed source, written back out)."""
+    return assertion_digest(inspect.getsource(systems.select([claim])[0].function))
+
+
+def assertion_digest(source: str) -> str:
+    """:func:`claim_source_digest` of a claim function's source text."""
+    tree = _without_figures(ast.parse(textwrap.dedent(source)))
+    return hashlib.sha256(ast.unparse(tree).encode()).hexdigest()[:16]
+
+
+def _without_figures(tree: ast.Module) -> ast.Module:
+    """``tree`` without the nested functions passed as ``figure=NAME`` and with ``figure=lambda: …`` emptied."""
+    drawn = set()
+    for node in ast.walk(tree):
+        for keyword in getattr(node, "keywords", ()):
+            if keyword.arg == "figure" and isinstance(keyword.value, ast.Name):
+                drawn.add(keyword.value.id)
+            elif keyword.arg == "figure" and isinstance(keyword.value, ast.Lambda):
+                keyword.value = ast.Constant(None)
+    top = tree.body[0]
+    for node in ast.walk(top):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [child for child in body if not (isinstance(child, ast.FunctionDef) and child is not top
+                                                          and child.name in drawn)] or [ast.Pass()]
+    return tree
 
 
 def _sidecar(markdown: Path) -> Path:
