@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnflow import seeding
-from attnflow.closed_forms import checks as check
 
 from . import claims as claims_module
 from . import systems
 from .fingerprint import module_fingerprint
-from .claims import ScalingLaw, observable
+from .claims import ScalingLaw
 from .engine import RUN_ID, ResultStore, run_tasks
 from .report import version
 from .stats import ExponentFit, fit_exponent
@@ -335,24 +334,3 @@ def scaling_fit(result: SweepResult, *, n_boot: int = 2000, level: float = 0.95)
     result.fit = fit_exponent(x, y, kind=result.law.kind, n_boot=n_boot, level=level,
                               seed=seeding.named(result.master_seed, "bootstrap"))
     return result.fit
-
-
-# ==================================================================================================
-# A diagnostic observable of the machinery itself
-# ==================================================================================================
-
-
-@observable(
-    "sweep.sleep",
-    reference="attnflow diagnostic (no paper)",
-    description="Sleeps `seconds` and returns a seeded uniform number: measures per-task overhead of a backend "
-                "and exercises interruption and resume.",
-    defaults=dict(seconds=0.0, size=1),
-)
-def _sleep(seed, seconds, size):
-    seconds = check.real(seconds, "seconds", minimum=0.0, maximum=3600.0)
-    size = check.integer(size, "size", minimum=1)
-    if size > 10**7:
-        raise ValueError(f"size must be <= 10**7 (a diagnostic draw, not an experiment), got {size}")
-    time.sleep(seconds)
-    return dict(value=float(np.random.default_rng(seed).random(int(size)).mean()), seconds=float(seconds))

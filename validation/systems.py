@@ -170,7 +170,7 @@ def _load_owner(name: str) -> None:
     if prefix in _entry_points():
         get_system(prefix)
     elif prefix == "sweep":
-        from . import sweep  # noqa: F401  (registers the sweep machinery's diagnostic observable)
+        from . import diagnostics  # noqa: F401  (registers the sweep machinery's diagnostic observable)
 
 
 def registry() -> dict[str, Claim]:
