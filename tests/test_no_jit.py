@@ -14,7 +14,15 @@ import sys
 FAST_WITHOUT_JIT = ["gd_beta.risk_formula", "gd_beta.bayes_factor_needs_bounded_snr",
                     "one_nn.full_gd_leaves_manifold_above_stability_limit", "random_walk.failure_theorem",
                     "scb.proximal_bias_and_stage3", "scb.transfer_one_step",
-                    "linear_attention_h3.gradient_flow_converges"]
+                    "linear_attention_h3.gradient_flow_converges", "group_sparse.loss_rate",
+                    "attention_svm.single_input_svm", "ccmc.base_chain_row", "next_token_scc.graph_svm_structure"]
+
+
+def test_every_built_in_system_has_a_claim_run_without_jit():
+    from importlib import metadata
+
+    builtin = {e.name for e in metadata.entry_points(group="attnflow.systems") if e.value.startswith("attnflow.")}
+    assert len(builtin) == 9 and builtin <= {name.split(".")[0] for name in FAST_WITHOUT_JIT}
 
 
 def _run_without_jit(code: str) -> str:

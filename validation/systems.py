@@ -1,7 +1,7 @@
 """The System contract every paper follows, and the registry that finds systems through entry points.
 
 A paper is one :class:`System` record, exported by a module and registered under the entry-point group
-``attnflow.systems`` (attnflow's own five papers register the same way, in setup.cfg)::
+``attnflow.systems`` (attnflow's own papers register the same way, in setup.cfg)::
 
     [options.entry_points]
     attnflow.systems =
