@@ -9,6 +9,7 @@ snake_case id, is an ERROR, never a silent PASS).
 """
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import time
@@ -132,12 +133,53 @@ def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict,
     documented, and FAIL if the statement starts to hold (the finding no longer reproduces)."""
 
     def register(function):
-        if name in _REGISTRY:
-            raise ValueError(f"claim {name!r} is registered twice")
+        _check_declaration(name, reference, statement, function, quick, full, finding)
+        earlier = _REGISTRY.get(name)
+        if earlier is not None and _origin(earlier.function) != _origin(function):
+            raise ValueError(f"claim {name!r} is registered twice: by {_origin(earlier.function)} and by "
+                             f"{_origin(function)}")
+        # the same function registered again (its module imported a second time) replaces itself
         _REGISTRY[name] = Claim(name, reference, statement, function, dict(quick), dict(full), finding)
         return function
 
     return register
+
+
+CLAIM_NAME = re.compile(r"^[a-z][a-z0-9_]*\.[A-Za-z][A-Za-z0-9_]*$")  # a system key, then the claim
+
+
+def _origin(function) -> str:
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+def _check_declaration(name, reference, statement, function, quick, full, finding) -> None:
+    """Refuse a claim declaration that could only fail later (under ``--full``, in ``list``, in a report): a name
+    that is not ``system.claim``, an empty reference or statement, settings the function does not take or
+    settings that leave one of its parameters unset."""
+    if not isinstance(name, str) or not CLAIM_NAME.fullmatch(name):
+        raise ValueError(f"claim name {name!r} must be 'system.claim': a system key, then letters, digits and _ "
+                         "(e.g. 'gd_beta.risk_formula')")
+    for field_name, text in (("reference", reference), ("statement", statement)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"claim {name}: the {field_name} must be a non-empty text")
+    if not isinstance(finding, str):
+        raise ValueError(f"claim {name}: finding must be a text (empty when the statement is expected to hold)")
+    parameters = list(inspect.signature(function).parameters.values())
+    if not parameters or parameters[0].kind not in (parameters[0].POSITIONAL_ONLY, parameters[0].POSITIONAL_OR_KEYWORD):
+        raise ValueError(f"claim {name}: its function must take the seed as its first argument")
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters)
+    named = {p.name: p for p in parameters[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    required = {n for n, p in named.items() if p.default is p.empty}
+    for setting, values in (("quick", quick), ("full", full)):
+        if not isinstance(values, dict):
+            raise ValueError(f"claim {name}: {setting} must be a dict of settings")
+        unknown = sorted(set(values) - set(named)) if not takes_any else []
+        if unknown:
+            raise ValueError(f"claim {name}: {setting} settings {unknown} are not parameters of "
+                             f"{function.__qualname__} (it takes {sorted(named)})")
+        missing = sorted(required - set(values))
+        if missing:
+            raise ValueError(f"claim {name}: {setting} settings leave {missing} unset")
 
 
 @dataclass(frozen=True)
@@ -259,6 +301,10 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
         if outcome.passed:
             notes = (notes + " " if notes else "") + ("The registered finding did not reproduce: the paper's "
                                                       f"statement held this time. Finding: {c.finding}")
+    if (outcome.measured or outcome.predicted) and not (str(outcome.tolerance).strip() and str(outcome.basis).strip()):
+        status = "ERROR"
+        notes = (notes + " " if notes else "") + ("A verdict needs its tolerance and its basis; this outcome "
+                                                  "leaves one of them empty.")
     if not (_all_finite(outcome.measured) and _all_finite(outcome.predicted)):
         status = "ERROR"
         notes = (notes + " " if notes else "") + "A measured or predicted value is not finite."

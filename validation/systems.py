@@ -156,6 +156,12 @@ def get_system(key: str) -> System:
         raise ValueError(f"the entry point {entries[key].value} of system {key!r} is not an attnflow System")
     if system.key != key:
         raise ValueError(f"the entry point {key!r} points at the system {system.key!r}")
+    module = entries[key].value.partition(":")[0]
+    strays = [c.name for c in _claims.registered_claims().values()
+              if c.function.__module__ == module and c.system != key]
+    if strays:  # they would vanish from list and check, which select claims by their system prefix
+        raise ValueError(f"the module of system {key!r} registers claims under another system's name: "
+                         f"{', '.join(strays)} (a claim is named '{key}.<claim>')")
     _LOADED[key] = system
     return system
 
