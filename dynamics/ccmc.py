@@ -22,7 +22,7 @@ from attnflow.closed_forms.softmax import softmax_into
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import Trajectory, check_run_length
+from .montecarlo import Trajectory, check_run_length, log_grid
 
 __all__ = ["random_embeddings", "tied_head", "attention_logits", "attention_output", "positional_attention_output",
            "sample_raw_outputs", "generate_raw", "sample_learning_data", "fit_mle", "raw_nll_and_gradient",
@@ -671,7 +671,7 @@ def fluid_trajectory(P, f0, taus, *, rtol: float = 1e-9, atol: float = 1e-12):
 # ---------------------------------------------------------------------------------------------------------------
 
 def _log_steps(steps: int, n_records: int) -> np.ndarray:
-    return np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records - 1).round()]).astype(np.int64))
+    return log_grid(steps, n_records - 1)
 
 
 def population(problem: CCMCProblem, *, steps: int = 100_000, n_records: int = 60) -> Trajectory:

@@ -20,7 +20,7 @@ from attnflow.closed_forms.group_sparse import GroupSparseProblem
 from .integrate import DivergenceError, iterate_map, solve_dopri5
 from attnflow.seeding import SeedLike, as_seed_sequence
 
-from .montecarlo import Trajectory, check_run_length
+from .montecarlo import Trajectory, check_run_length, log_grid
 
 __all__ = ["sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "position_only_flow", "attention_on_star",
            "attention_matrix", "population", "minibatch"]
@@ -233,7 +233,7 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
     d, D = problem.d, problem.D
     v = np.zeros(d + D)
     W = np.zeros((d + D, d + D))
-    record = set(np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)])).tolist())
+    record = set(log_grid(steps, n_records).tolist())
     if not fresh:
         X, y = sample_data(problem, batch_size, rng, symmetrise=symmetrise)
     rows = []
@@ -264,8 +264,7 @@ def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int
                              record_steps=None) -> Trajectory:
     """The (β, α) map of docs/group_sparse.md §6 from (0, 0) through the integrator engine; records β, α, s*, L."""
     steps, n_records = check_run_length(steps, n_records)
-    record = (np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
-              if record_steps is None else np.asarray(record_steps, int))
+    record = log_grid(steps, n_records) if record_steps is None else np.asarray(record_steps, int)
     sol = iterate_map(cf.position_only_step, [0.0, 0.0], steps, cf.pack_position_only_params(problem, eta),
                       record_steps=record)
     beta, alpha = sol.y[:, 0], sol.y[:, 1]

@@ -13,7 +13,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.dynamics import progress
 from attnflow.seeding import SeedLike, generators
 
-__all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_risk", "log_spaced_steps", "check_run_length", "MAX_STEPS", "MAX_RECORDS",
+__all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_risk", "log_spaced_steps", "log_grid", "check_run_length", "MAX_STEPS", "MAX_RECORDS",
            "Trajectory"]
 
 
@@ -110,7 +110,13 @@ def log_spaced_steps(steps: int, records: int) -> np.ndarray:
     records = check.integer(records, "records", minimum=2)
     if records > MAX_RECORDS:
         raise ValueError(f"records must be <= {MAX_RECORDS}, got {records}")
-    return np.concatenate([[0], np.unique(np.round(np.geomspace(1, steps, records - 1)).astype(np.int64))])
+    return log_grid(steps, records - 1)
+
+
+def log_grid(steps: int, n_log: int) -> np.ndarray:
+    """Step 0 and the ``n_log`` log-spaced points 1 … ``steps``, rounded to whole steps, repeats removed (int64): the
+    one record grid of every training loop (callers validate ``steps`` and ``n_log``)."""
+    return np.unique(np.concatenate([[0], np.geomspace(1, steps, n_log).round()])).astype(np.int64)
 
 
 @dataclass(frozen=True)

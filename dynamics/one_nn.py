@@ -21,7 +21,7 @@ from .integrate import DivergenceError, iterate_map, rk4_loop, solve_rk4
 from attnflow.seeding import SeedLike, generators
 
 from . import progress
-from .montecarlo import MonteCarloMean, Trajectory, check_run_length
+from .montecarlo import MonteCarloMean, Trajectory, check_run_length, log_grid
 
 __all__ = ["Prompts", "sample_prompts", "token_matrices", "manifold_weight", "per_prompt_loss_and_gradient",
            "monte_carlo_loss", "reduced_trajectory", "flow_trajectory", "full_gd_trajectory",
@@ -157,7 +157,7 @@ def reduced_trajectory(problem: OneNNProblem, eta: float, steps: int, *, n_recor
     log-spaced steps; the loss and gradient at the recorded points come from the same quadrature, whose grid
     grows with ξ₁ (:class:`attnflow.closed_forms.one_nn.Resolution`)."""
     steps, n_records = check_run_length(steps, n_records)
-    record = np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
+    record = log_grid(steps, n_records)
     sol = iterate_map(cf.reduced_gd_step, [0.0, problem.sigma], steps,
                       cf.pack_reduced_params(problem, eta, resolution), record_steps=record)
     return _with_losses(problem, sol.t, sol.y, resolution, dict(eta=eta, resolution=resolution))

@@ -19,7 +19,7 @@ from attnflow.closed_forms.softmax import max_propagating_nan, softmax_into
 from .integrate import DivergenceError, iterate_map
 from attnflow.seeding import SeedLike, as_seed_sequence, spawn
 
-from .montecarlo import Trajectory, check_run_length
+from .montecarlo import Trajectory, check_run_length, log_grid
 
 __all__ = ["sample_paths", "reduced_trajectory", "Sequences", "population_sequences", "sample_sequences",
            "full_gd_trajectory", "full_accuracy", "population", "minibatch"]
@@ -36,7 +36,7 @@ def _record_steps(steps: int, n_records: int | None) -> np.ndarray:
     steps, n_records = check_run_length(steps, n_records, optional_records=True)
     if n_records is None or n_records >= steps + 1:
         return np.arange(steps + 1)
-    return np.unique(np.concatenate([[0], np.geomspace(1, steps, n_records).round().astype(int)]))
+    return log_grid(steps, n_records)
 
 
 def reduced_trajectory(problem: RandomWalkProblem, paths: Paths, steps: int, *, n_records: int | None = None,
