@@ -243,6 +243,8 @@ def _command_list(args) -> int:
     chosen = [systems.get_system(key) for key in args.systems] if args.systems else systems.all_systems()
     if args.tier != "core":
         systems.select([], tier=args.tier)  # registers the tier's claims
+        if args.tier == "deep":  # only the systems that have claims in the tier
+            chosen = [s for s in chosen if any(c.tier == "deep" for c in s.claims())]
     if args.json:
         document = dict(schema="attnflow.list/1", attnflow_version=report.version(), systems=[
             dict(key=s.key, title=s.title, reference=s.reference, docs=s.docs,
