@@ -72,7 +72,7 @@ def test_bare_command_prints_help_and_version_is_reported():
 def test_list_names_every_claim():
     from attnflow.validation.systems import registry
 
-    out = attnflow("list", check_exit=0).stdout
+    out = attnflow("list", "--tier", "all", check_exit=0).stdout
     for name in registry():
         assert name in out
 

@@ -22,8 +22,9 @@ import numpy as np
 from attnflow import seeding
 
 __all__ = ["Outcome", "CheckResult", "Claim", "claim", "run_claim", "ScalingLaw", "Observable", "observable",
-           "registered_claims", "registered_observables", "to_jsonable", "STABLE_ID"]
+           "registered_claims", "registered_observables", "to_jsonable", "STABLE_ID", "TIERS"]
 
+TIERS = ("core", "deep")  # which suite a claim belongs to; `attnflow check` runs "core" unless --tier says otherwise
 STABLE_ID = re.compile(r"^[a-z][a-z0-9_]*$")  # a measured/predicted key: what JSON readers and tests key on
 
 _REGISTRY: dict[str, "Claim"] = {}
@@ -115,6 +116,7 @@ class Claim:
     quick: dict
     full: dict
     finding: str = ""
+    tier: str = "core"  # "core": the everyday suite; "deep": trained multi-layer models (attnflow[deep], docs/deep.md)
 
     @property
     def system(self) -> str:
@@ -125,12 +127,19 @@ class Claim:
         return seeding.named(seed, self.name)
 
 
-def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict, finding: str = ""):
+def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict, finding: str = "",
+          tier: str = "core"):
     """Register ``function(seed_sequence, **settings) -> Outcome`` as the claim ``name``.
+
+    ``tier`` is ``core`` (the everyday suite) or ``deep`` (trained multi-layer models, run by ``attnflow check
+    --tier deep``, docs/deep.md).
 
     ``finding`` registers a documented finding: the paper's statement, checked as stated, is known not to hold
     (one sentence and the docs section that explains it). Such a claim reports FINDING when its check fails as
     documented, and FAIL if the statement starts to hold (the finding no longer reproduces)."""
+
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
 
     def register(function):
         _check_declaration(name, reference, statement, function, quick, full, finding)
@@ -139,7 +148,7 @@ def claim(name: str, *, reference: str, statement: str, quick: dict, full: dict,
             raise ValueError(f"claim {name!r} is registered twice: by {_origin(earlier.function)} and by "
                              f"{_origin(function)}")
         # the same function registered again (its module imported a second time) replaces itself
-        _REGISTRY[name] = Claim(name, reference, statement, function, dict(quick), dict(full), finding)
+        _REGISTRY[name] = Claim(name, reference, statement, function, dict(quick), dict(full), finding, tier)
         return function
 
     return register

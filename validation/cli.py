@@ -70,6 +70,7 @@ def _build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="list the registered systems and claims")
     listing.add_argument("systems", nargs="*", help="only these systems (default: all)")
     listing.add_argument("--json", action="store_true", help="print JSON (schema attnflow.list/1)")
+    _add_tier(listing)
 
     check = sub.add_parser("check", help="run claims (all by default) and report PASS/FAIL with numbers")
     check.add_argument("names", nargs="*", help="systems (gd_beta or gd-beta) or claims (gd_beta.lsa_gap)")
@@ -77,6 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="only claims whose names match, as pytest's -k: words are substrings, with and/or/not "
                             "(-k 'svm and not rank')")
     check.add_argument("--full", action="store_true", help="paper-scale settings (default: quick)")
+    _add_tier(check)
     check.add_argument("--json", action="store_true",
                        help="print the JSON document (schema attnflow.check/2) instead of the table")
     check.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
@@ -99,6 +101,7 @@ def _build_parser() -> argparse.ArgumentParser:
     rebuild.add_argument("store", metavar="STORE", help="the folder given to check --store")
     rebuild.add_argument("names", nargs="*", help="systems or claims (default: all)")
     rebuild.add_argument("-k", metavar="EXPRESSION", dest="keyword", help="only claims whose names match (as check)")
+    _add_tier(rebuild)
     rebuild.add_argument("--out", metavar="DIR", help="write DIR/report.md and DIR/report.html")
     rebuild.add_argument("--full", action="store_true", help="the outcomes of a --full run (default: quick)")
     rebuild.add_argument("--seed", type=int, default=0, help="the master seed of the run (default 0)")
@@ -159,6 +162,12 @@ def _build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--latex", action="store_true", help="print the symbolic derivation of the reduced system")
     _add_system_command(sub, "simulate", "the paper's minibatch training algorithm on one system")
     return parser
+
+
+def _add_tier(command) -> None:
+    command.add_argument("--tier", default="core", choices=systems.TIER_CHOICES,
+                         help="which claims: core (default, the one-layer theory), deep (trained multi-layer models "
+                              "in JAX, needs attnflow[deep]; docs/deep.md) or all")
 
 
 def _add_figure_format(command) -> None:
@@ -232,23 +241,29 @@ def _check_seed(seed: int) -> np.random.SeedSequence:
 
 def _command_list(args) -> int:
     chosen = [systems.get_system(key) for key in args.systems] if args.systems else systems.all_systems()
+    if args.tier != "core":
+        systems.select([], tier=args.tier)  # registers the tier's claims
+        if args.tier == "deep":  # only the systems that have claims in the tier
+            chosen = [s for s in chosen if any(c.tier == "deep" for c in s.claims())]
     if args.json:
         document = dict(schema="attnflow.list/1", attnflow_version=report.version(), systems=[
             dict(key=s.key, title=s.title, reference=s.reference, docs=s.docs,
-                 claims=[dict(name=c.name, reference=c.reference, statement=c.statement, finding=c.finding)
-                         for c in s.claims()])
+                 claims=[dict(name=c.name, reference=c.reference, statement=c.statement, finding=c.finding,
+                             tier=c.tier) for c in s.claims() if systems.in_tier(c, args.tier)])
             for s in chosen])
         print(json.dumps(document, indent=2, ensure_ascii=False))
         return 0
     for system in chosen:
         print(f"{system.key}: {system.title}\n    {system.reference}")
         for c in system.claims():
-            print(f"  {c.name}{'  [registered finding]' if c.finding else ''}\n      {c.statement}")
+            if systems.in_tier(c, args.tier):
+                tier = f"  [{c.tier} tier]" if c.tier != "core" else ""
+                print(f"  {c.name}{'  [registered finding]' if c.finding else ''}{tier}\n      {c.statement}")
     return 0
 
 
 def _selected_claims(args) -> list:
-    selected = systems.select(args.names)
+    selected = systems.select(args.names, tier=getattr(args, "tier", "core"))
     if args.keyword is not None:
         matches = claim_runs.match_expression(args.keyword)
         selected = [c for c in selected if matches(c.name)]
@@ -282,6 +297,10 @@ def _command_check(args) -> int:
     figure_formats = _figure_formats(args.figure_format)
     store = _check_store(args)
     selected = _selected_claims(args)
+    if any(c.tier == "deep" for c in selected):
+        from . import deep
+
+        deep.require_installed()
     setting = "full" if args.full else "quick"
     n_jobs = _check_jobs(args, selected, setting)
     workers = 1 if args.scheduler else engine.worker_count(n_jobs, len(selected))

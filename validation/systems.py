@@ -24,9 +24,15 @@ from . import claims as _claims
 from .claims import Claim, Observable
 
 __all__ = ["System", "Parameter", "ENTRY_POINT_GROUP", "system_keys", "get_system", "all_systems", "registry",
-           "select", "observables", "find_observable", "normalise_key"]
+           "select", "observables", "find_observable", "normalise_key", "TIER_MODULES", "TIER_CHOICES", "in_tier", "check_tier"]
 
 ENTRY_POINT_GROUP = "attnflow.systems"
+
+# Modules that register claims of a tier beyond "core" under the systems' keys (docs/deep.md). They import their
+# heavy dependencies inside the claims, so they register without them; they are imported only when a tier other
+# than "core" is asked for, or a claim of theirs is named.
+TIER_MODULES = ("attnflow.validation.deep",)
+TIER_CHOICES = ("core", "deep", "all")
 
 
 @dataclass(frozen=True)
@@ -179,26 +185,54 @@ def _load_owner(name: str) -> None:
         from . import diagnostics  # noqa: F401  (registers the sweep machinery's diagnostic observable)
 
 
+def _load_tiers() -> None:
+    """Register the claims of every tier (TIER_MODULES)."""
+    import importlib
+
+    for module in TIER_MODULES:
+        importlib.import_module(module)
+
+
+def check_tier(tier: str) -> str:
+    if tier not in TIER_CHOICES:
+        raise ValueError(f"--tier must be one of {', '.join(TIER_CHOICES)}, got {tier!r}")
+    return tier
+
+
+def in_tier(claim: Claim, tier: str) -> bool:
+    """``tier`` is one of TIER_CHOICES; ``all`` holds every claim."""
+    return check_tier(tier) == "all" or claim.tier == tier
+
+
 def registry() -> dict[str, Claim]:
-    """Every claim of every installed system."""
+    """Every claim of every installed system, of every tier."""
     all_systems()
+    _load_tiers()
     return _claims.registered_claims()
 
 
-def select(names=None) -> list[Claim]:
+def select(names=None, tier: str = "core") -> list[Claim]:
     """Claims for NAMES: whole systems (``gd_beta`` or ``gd-beta``) or single claims; all when empty.
 
-    Only the systems named are imported."""
+    Systems and the empty selection give the claims of ``tier`` (``core``, ``deep`` or ``all``); a claim named
+    in full is selected whatever its tier. Only the systems named are imported (and the tier modules, when a
+    tier beyond ``core`` or one of their claims is asked for)."""
+    if check_tier(tier) != "core":
+        _load_tiers()
     if not names:
-        return list(registry().values())
+        all_systems()
+        return [c for c in _claims.registered_claims().values() if in_tier(c, tier)]
     chosen: list[Claim] = []
     for raw in names:
         name = normalise_key(raw)
         if name in _entry_points():
-            matches = get_system(name).claims()
+            matches = [c for c in get_system(name).claims() if in_tier(c, tier)]
         else:
             _load_owner(name)
             claims = _claims.registered_claims()
+            if name not in claims and name.partition(".")[0] in _entry_points():
+                _load_tiers()
+                claims = _claims.registered_claims()
             if name not in claims:
                 known = ", ".join(system_keys())
                 raise ValueError(f"unknown claim or system {raw!r} (systems: {known}; see 'attnflow list')")

@@ -1,0 +1,310 @@
+"""The deep tier: a GPT-style decoder in JAX, trained with Adam on prompts from attnflow's own samplers.
+
+Optional: this module imports ``jax`` and ``optax`` (``pip install -e '.[deep]'``); nothing in the core imports it.
+The models, the settings and which paper table each experiment reproduces are documented in docs/deep.md.
+
+* :class:`GPTConfig` and :func:`init_gpt` / :func:`gpt_forward`: a decoder of ``layers`` blocks with ``heads``
+  heads, pre-LayerNorm or none, softmax or linear attention, an optional GELU MLP, a linear read-in of the tokens and
+  learned positions (``embed=True``), the prediction read out at the last token (docs/deep.md §1). With
+  ``embed=False, layer_norm=False, attention="linear", mask="context"`` one block is exactly the linear
+  self-attention (3.4) of docs/gd_beta.md §2.2 on the token matrix (3.1): the bridge to the core's closed forms.
+* :func:`one_nn_predict` (the one-layer softmax model of docs/one_nn.md §2) and :func:`scb_softmax_predict` (model
+  (2) of docs/scb.md §3 with a softmax over positions in place of the linear attention column, docs/deep.md §3).
+* :func:`train`: Adam (optax) with a cosine decay of the learning rate to 1% of its start, as
+  :mod:`attnflow.dynamics.optimizers`; a fresh batch every step, drawn in numpy by the caller's sampler from the
+  claim's seed; ``chunk`` steps run inside one compiled ``lax.scan``.
+
+Every random number flows from a SeedSequence: :func:`jax_key` turns one into a JAX key (its first two 32-bit words),
+and the data come from numpy Generators of the same SeedSequence. On a CPU, XLA runs on one thread here (set before
+JAX is imported, unless ``XLA_FLAGS`` is already set), so that two runs of one seed give the same bits.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from attnflow.closed_forms import checks as check  # noqa: E402
+from attnflow.seeding import SeedLike, as_seed_sequence  # noqa: E402
+
+from .errors import DivergenceError  # noqa: E402
+
+__all__ = ["GPTConfig", "ATTENTIONS", "MASKS", "jax_key", "init_gpt", "gpt_forward", "gpt_predict", "parameter_count",
+           "flops_per_step", "OPTIMIZERS", "one_nn_predict", "one_nn_attention", "scb_softmax_predict", "train", "TrainResult"]
+
+ATTENTIONS = ("softmax", "linear")
+MASKS = ("causal", "context")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The decoder's shape (docs/deep.md §1).
+
+    layers, heads, width : blocks, heads per block, residual width (a multiple of ``heads``).
+    mlp : a GELU MLP of 4·width after each attention (GPT-2's block); False keeps attention alone.
+    attention : ``softmax`` (scores/√d_head) or ``linear`` (scores/N, N the number of context tokens).
+    layer_norm : pre-LayerNorm before each sub-block and after the last (GPT-2); False: none.
+    mask : ``causal`` (a token sees itself and the tokens before it: GPT-2) or ``context`` (every token sees the N
+        context tokens and not the query, the mask M of (3.2)).
+    embed : a linear read-in of the tokens to ``width`` plus learned positions, and a linear read-out; False: the
+        tokens, padded with zeros to ``width`` (at least the token size), are the residual stream, and the
+        prediction is the query's label slot (the token's last coordinate), as in (3.3) and (3.4).
+    """
+
+    layers: int = 2
+    heads: int = 2
+    width: int = 32
+    mlp: bool = True
+    attention: str = "softmax"
+    layer_norm: bool = True
+    mask: str = "causal"
+    embed: bool = True
+
+    def __post_init__(self):
+        check.integer(self.layers, "layers", minimum=1)
+        check.integer(self.heads, "heads", minimum=1)
+        check.integer(self.width, "width", minimum=1)
+        if self.width % self.heads:
+            raise ValueError(f"width must be a multiple of heads, got width={self.width}, heads={self.heads}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.mask not in MASKS:
+            raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+
+    @property
+    def residual_branches(self) -> int:
+        """GPT-2 scales its residual output projections by 1/√(number of residual branches)."""
+        return self.layers * (2 if self.mlp else 1)
+
+
+def jax_key(seed: SeedLike) -> jax.Array:
+    """A JAX PRNG key from a seed: the first two 32-bit words its SeedSequence generates."""
+    words = as_seed_sequence(seed).generate_state(2, np.uint32)
+    return jax.random.wrap_key_data(jnp.asarray(words), impl="threefry2x32")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The decoder
+# ------------------------------------------------------------------------------------------------------------
+
+def init_gpt(key: jax.Array, config: GPTConfig, token_size: int, n_tokens: int, *, scale: float = 0.02) -> dict:
+    """GPT-2's initialisation: weights N(0, scale²), residual output projections N(0, scale²/n_res), LayerNorm
+    gains 1, biases 0 (docs/deep.md §1)."""
+    width = config.width
+    if not config.embed and width < token_size:
+        raise ValueError(f"without embed the width must hold a token: width={width} < token size {token_size}")
+    out_scale = scale / math.sqrt(config.residual_branches)
+    keys = iter(jax.random.split(key, 4 + 6 * config.layers))
+
+    def normal(shape, std):
+        return std * jax.random.normal(next(keys), shape, jnp.float32)
+
+    params: dict = {}
+    if config.embed:
+        params["read_in"] = dict(w=normal((token_size, width), scale), b=jnp.zeros(width))
+        params["positions"] = normal((n_tokens, width), scale)
+        params["read_out"] = dict(w=normal((width, 1), scale), b=jnp.zeros(1))
+    blocks = []
+    for _ in range(config.layers):
+        block = dict(wq=normal((width, width), scale), wk=normal((width, width), scale),
+                     wv=normal((width, width), scale), wo=normal((width, width), out_scale))
+        if config.layer_norm:
+            block["ln1"] = dict(g=jnp.ones(width), b=jnp.zeros(width))
+        if config.mlp:
+            block["w1"], block["b1"] = normal((width, 4 * width), scale), jnp.zeros(4 * width)
+            block["w2"], block["b2"] = normal((4 * width, width), out_scale), jnp.zeros(width)
+            if config.layer_norm:
+                block["ln2"] = dict(g=jnp.ones(width), b=jnp.zeros(width))
+        blocks.append(block)
+    params["blocks"] = blocks
+    if config.layer_norm:
+        params["ln_f"] = dict(g=jnp.ones(width), b=jnp.zeros(width))
+    return params
+
+
+def _layer_norm(x, ln):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / jnp.sqrt(var + 1e-5) * ln["g"] + ln["b"]
+
+
+def _allowed(config: GPTConfig, n_tokens: int) -> jax.Array:
+    """allowed[i, j]: token i may attend to token j."""
+    i = jnp.arange(n_tokens)[:, None]
+    j = jnp.arange(n_tokens)[None, :]
+    if config.mask == "causal":
+        return j <= i
+    return jnp.broadcast_to(j < n_tokens - 1, (n_tokens, n_tokens))
+
+
+def _attention(x, block, config: GPTConfig, allowed):
+    """Multi-head attention on one prompt x (n_tokens, width); returns the output and the heads' weights."""
+    n, width = x.shape
+    h = config.heads
+    dh = width // h
+    q = (x @ block["wq"].T).reshape(n, h, dh).transpose(1, 0, 2)
+    k = (x @ block["wk"].T).reshape(n, h, dh).transpose(1, 0, 2)
+    v = (x @ block["wv"].T).reshape(n, h, dh).transpose(1, 0, 2)
+    scores = q @ k.transpose(0, 2, 1)
+    if config.attention == "softmax":
+        scores = jnp.where(allowed, scores / math.sqrt(dh), -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1)
+    else:  # linear attention (3.4): raw scores over the allowed keys, normalised by the context length
+        weights = jnp.where(allowed, scores, 0.0) / (n - 1)
+    out = (weights @ v).transpose(1, 0, 2).reshape(n, width)
+    return out @ block["wo"].T, weights
+
+
+def gpt_forward(params: dict, tokens: jax.Array, config: GPTConfig):
+    """The prediction at the last token of one prompt (tokens: n_tokens × token_size) and the attention weights of
+    every block, shape (layers, heads, n_tokens, n_tokens)."""
+    n, token_size = tokens.shape
+    allowed = _allowed(config, n)
+    if config.embed:
+        x = tokens @ params["read_in"]["w"] + params["read_in"]["b"] + params["positions"][:n]
+    else:
+        x = jnp.pad(tokens, ((0, 0), (0, config.width - token_size)))
+    maps = []
+    for block in params["blocks"]:
+        inner = _layer_norm(x, block["ln1"]) if config.layer_norm else x
+        out, weights = _attention(inner, block, config, allowed)
+        x = x + out
+        maps.append(weights)
+        if config.mlp:
+            inner = _layer_norm(x, block["ln2"]) if config.layer_norm else x
+            x = x + jax.nn.gelu(inner @ block["w1"] + block["b1"]) @ block["w2"] + block["b2"]
+    if config.layer_norm:
+        x = _layer_norm(x, params["ln_f"])
+    last = x[-1]
+    prediction = (last @ params["read_out"]["w"] + params["read_out"]["b"])[0] if config.embed else last[token_size - 1]
+    return prediction, jnp.stack(maps)
+
+
+def gpt_predict(params: dict, tokens: jax.Array, config: GPTConfig) -> jax.Array:
+    """Predictions for a batch of prompts (batch × n_tokens × token_size)."""
+    return jax.vmap(lambda t: gpt_forward(params, t, config)[0])(tokens)
+
+
+def parameter_count(params) -> int:
+    return int(sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(params)))
+
+
+def flops_per_step(config: GPTConfig, token_size: int, n_tokens: int, batch: int) -> float:
+    """Multiply–adds ×2 of one training step (forward ×3 for forward and backward) of the matrix products: the
+    projections, QKᵀ, weights·V and the MLP (LayerNorm, softmax and Adam are lower order)."""
+    width = config.width
+    per_token = 4 * width * width + 2 * n_tokens * width + (8 * width * width if config.mlp else 0)
+    flops = 2.0 * n_tokens * per_token * config.layers
+    if config.embed:
+        flops += 2.0 * n_tokens * token_size * width + 2.0 * width
+    return 3.0 * batch * flops
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The papers' one-layer models
+# ------------------------------------------------------------------------------------------------------------
+
+def one_nn_attention(W: jax.Array, tokens: jax.Array) -> jax.Array:
+    """softmax(HᵀWh_q) over the N + 1 columns (docs/one_nn.md §2); tokens: (N+1) × (d+2), the query last."""
+    return jax.nn.softmax(tokens @ (W @ tokens[-1]))
+
+
+def one_nn_predict(W: jax.Array, tokens: jax.Array) -> jax.Array:
+    """f_W(H) = [y_1, …, y_N, 0]·softmax(HᵀWh_q), batched over the first axis of ``tokens``."""
+    return jax.vmap(lambda t: one_nn_attention(W, t) @ t[:, -2])(tokens)
+
+
+def scb_softmax_predict(V: jax.Array, Z: jax.Array, tokens: jax.Array, last: jax.Array) -> jax.Array:
+    """Model (2) of docs/scb.md §3 with softmax attention: f = V X softmax(Z e_k), k the last token. tokens: the
+    context ids (batch × T), last: k (batch). Returns batch × N."""
+    weights = jax.nn.softmax(Z[:, last].T, axis=-1)  # batch × T: the column of the last token, softmax over positions
+    one_hot = jax.nn.one_hot(tokens, V.shape[0], dtype=V.dtype)  # batch × T × N
+    return jnp.einsum("nk,btk,bt->bn", V, one_hot, weights)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    """``params`` after training; ``steps`` and ``losses`` the recorded steps and the mean minibatch loss over the
+    steps since the previous record; ``checkpoints`` the parameters at ``checkpoint_steps`` (if asked)."""
+
+    params: dict
+    steps: np.ndarray
+    losses: np.ndarray
+    checkpoints: dict
+    seconds: float
+    compile_seconds: float
+
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, chunk: int = 100,
+          checkpoint_steps=(), decay: bool = True, optimizer: str = "adam") -> TrainResult:
+    """Adam (or plain SGD, ``optimizer="sgd"``) on ``loss(params, batch)`` (a scalar), a fresh batch each step.
+
+    ``sample(n)`` returns ``n`` steps' batches stacked on a leading axis (a pytree of arrays), drawn by the caller
+    from its seed; ``chunk`` steps run in one compiled ``lax.scan`` and are recorded as one mean loss. The learning
+    rate decays by a cosine to 1% of ``lr`` (``decay=False``: constant). ``checkpoint_steps`` must be multiples of
+    ``chunk``. Raises ``DivergenceError`` naming the chunk if the loss stops being finite."""
+    import time
+
+    steps = check.integer(steps, "steps", minimum=1)
+    chunk = check.integer(chunk, "chunk", minimum=1)
+    lr = check.real(lr, "lr", minimum=0.0, strict=True)
+    wanted = set(int(s) for s in checkpoint_steps)
+    if any(s % chunk or not 0 <= s <= steps for s in wanted):
+        raise ValueError(f"checkpoint_steps must be multiples of chunk={chunk} within [0, {steps}]")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    schedule = optax.cosine_decay_schedule(lr, steps, alpha=0.01) if decay else lr
+    optimizer = optax.adam(schedule) if optimizer == "adam" else optax.sgd(schedule)
+    state = optimizer.init(params)
+
+    def one_step(carry, batch):
+        p, s = carry
+        value, grads = jax.value_and_grad(loss)(p, batch)
+        updates, s = optimizer.update(grads, s, p)
+        return (optax.apply_updates(p, updates), s), value
+
+    @jax.jit
+    def run_chunk(p, s, batches):
+        (p, s), values = jax.lax.scan(one_step, (p, s), batches)
+        return p, s, values.mean()
+
+    recorded_steps, losses, checkpoints = [], [], {}
+    if 0 in wanted:
+        checkpoints[0] = params
+    started = time.perf_counter()
+    compile_seconds = 0.0
+    done = 0
+    while done < steps:
+        n = min(chunk, steps - done)
+        batches = sample(n)
+        if done == 0 or n != chunk:
+            tick = time.perf_counter()
+            compiled = run_chunk.lower(params, state, batches).compile()
+            compile_seconds += time.perf_counter() - tick
+        params, state, value = compiled(params, state, batches)
+        done += n
+        value = float(value)
+        if not np.isfinite(value):
+            raise DivergenceError(f"diverged in the steps up to {done}: the minibatch loss is {value} (lower lr={lr})")
+        recorded_steps.append(done)
+        losses.append(value)
+        if done in wanted:
+            checkpoints[done] = params
+    return TrainResult(params=params, steps=np.array(recorded_steps), losses=np.array(losses),
+                       checkpoints=checkpoints, seconds=time.perf_counter() - started,
+                       compile_seconds=compile_seconds)
