@@ -87,9 +87,11 @@ def _render(result: CheckResult) -> dict | None:
     """The claim's figure as base64 PNG, or why it could not be drawn (its numbers are kept either way)."""
     if result.figure is None:
         return None
+    from . import figure_check  # matplotlib, only when a figure is drawn
+
     try:
         buffer = io.BytesIO()
-        result.figure().savefig(buffer, format="png", dpi=report.FIGURE_DPI)
+        figure_check.save(result.figure(), buffer, dpi=report.FIGURE_DPI, name=result.name)  # warns of a defect
     except Exception as error:
         return dict(error=f"{type(error).__name__}: {error}")
     return dict(png=base64.b64encode(buffer.getvalue()).decode("ascii"))
