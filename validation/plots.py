@@ -190,7 +190,7 @@ def show_all_log_ticks(ax, axis: str = "y"):
     target.set_minor_formatter(NullFormatter())
 
 
-LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), tuple(float(k) for k in range(1, 10)))
+LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0), tuple(float(k) for k in range(1, 10)))
 MIN_LOG_LABELS = 3
 
 
@@ -240,10 +240,10 @@ class _ReadableLogFormatter(Formatter):
 
 
 def _log_tick_label(value: float, _position=None) -> str:
-    """A tick number: plain between 10⁻³ and 10⁴ (0.05, 200), else in mathtext (6×10⁵)."""
+    """A tick number: plain between 10⁻⁴ and 10⁵ (0.0005, 200), else in mathtext (6×10⁵)."""
     if value <= 0:
         return ""
-    if 1e-3 <= value < 1e4:
+    if 1e-4 <= value < 1e5:
         return f"{value:g}"
     exponent = int(np.floor(np.log10(value) + 1e-9))
     mantissa = value / 10.0**exponent
