@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import Formatter, LogLocator, NullFormatter
+from matplotlib.ticker import Formatter, LogLocator, MaxNLocator, NullFormatter
 
 THEORY = dict(color="black", linestyle="--", linewidth=1.4)
 SIMULATION = dict(marker="o", linestyle="none", markersize=4, capsize=3)
@@ -190,17 +190,19 @@ def show_all_log_ticks(ax, axis: str = "y"):
     target.set_minor_formatter(NullFormatter())
 
 
-LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0), tuple(float(k) for k in range(1, 10)))
+LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0), tuple(float(k) for k in range(1, 10)),
+            (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0))
 MIN_LOG_LABELS = 3
 
 
-def _log_subs(low: float, high: float) -> tuple:
-    """The coarsest of :data:`LOG_SUBS` that puts at least three ticks inside [low, high] (the finest if none)."""
+def _log_subs(low: float, high: float) -> tuple | None:
+    """The coarsest of :data:`LOG_SUBS` that puts at least three ticks inside [low, high]; None if none does (an
+    axis spanning less than a factor of about 1.5)."""
     decades = np.arange(np.floor(np.log10(low)), np.ceil(np.log10(high)) + 1)
     for subs in LOG_SUBS:
         if sum(low <= m * 10.0**e <= high for e in decades for m in subs) >= MIN_LOG_LABELS:
             return subs
-    return LOG_SUBS[-1]
+    return None
 
 
 class _ReadableLogLocator(LogLocator):
@@ -214,6 +216,9 @@ class _ReadableLogLocator(LogLocator):
         if not (np.isfinite(low) and np.isfinite(high)) or low <= 0 or high <= low:
             return super().tick_values(vmin, vmax)
         subs = _log_subs(low, high)
+        if subs is None:  # so narrow that evenly spaced round numbers read best, as on a linear axis
+            ticks = MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+            return ticks[ticks > 0]
         if subs == (1.0,):
             return super().tick_values(vmin, vmax)
         decades = np.arange(np.floor(np.log10(low)) - 1, np.ceil(np.log10(high)) + 2)
