@@ -54,11 +54,13 @@ def residual_panel(ax, x, z, bound: float, title: str, xlabel: str, *, ylabel: s
                    label: str = "measured", symbol: str = "z", logx: bool = False, **style):
     """Standardised residuals against the claim's bound |z| < ``bound`` (shaded): where a comparison is too tight to
     see on the scale of the values, this shows it. A marker outside the band is a FAIL. ``symbol`` names the
-    statistic in the band's label (z, t)."""
+    statistic in the band's label (z, t); ``x=None`` when the caller draws the markers (several series), z then only
+    sets the range."""
     z = np.asarray(z, float)
     ax.axhspan(-bound, bound, label=f"tolerance $|{symbol}| < {bound:.3g}$", **TOLERANCE)
     ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.plot(x, z, **{**dict(marker="o", linestyle="none", markersize=5), **style}, label=label)
+    if x is not None:
+        ax.plot(x, z, **{**dict(marker="o", linestyle="none", markersize=5), **style}, label=label)
     reach = max(1.25 * bound, 1.1 * float(np.nanmax(np.abs(z), initial=0.0)))
     ax.set_ylim(-reach, reach)
     finish(ax, title, xlabel, ylabel, logx=logx)
