@@ -183,23 +183,23 @@ def predicted_rate(ax, x, x0: float, y0: float, exponent: float, label: str, *, 
 
 def show_all_log_ticks(ax, axis: str = "y"):
     """Numbers a reader can read on a log axis, however little it spans: decades when at least three fall inside
-    the view (matplotlib's own choice of which), else ticks at 1, 2, 5 × 10^k, or finer (1, 2, 3, 5; then every
-    integer) until three do. The choice is made at every draw, so data drawn later and new limits are followed;
-    :func:`finish` installs it on every log axis. Minor ticks stay unlabelled."""
+    the view (matplotlib's own choice of which), else ticks at 1, 2, 5 × 10^k or 1, 2, 3, 5 × 10^k if three of
+    those do, else (an axis spanning about a decade or less) evenly spaced round numbers. The choice is made at
+    every draw, so data drawn later and new limits are followed; :func:`finish` installs it on every log axis.
+    Minor ticks stay unlabelled."""
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(_ReadableLogLocator())
     target.set_major_formatter(_ReadableLogFormatter())
     target.set_minor_formatter(NullFormatter())
 
 
-LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0), tuple(float(k) for k in range(1, 10)),
-            (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0))
+LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0))
 MIN_LOG_LABELS = 3
 
 
 def _log_subs(low: float, high: float) -> tuple | None:
     """The coarsest of :data:`LOG_SUBS` that puts at least three ticks inside [low, high]; None if none does (an
-    axis spanning less than a factor of about 1.5)."""
+    axis spanning about a decade or less, better numbered evenly)."""
     decades = np.arange(np.floor(np.log10(low)), np.ceil(np.log10(high)) + 1)
     for subs in LOG_SUBS:
         if sum(low <= m * 10.0**e <= high for e in decades for m in subs) >= MIN_LOG_LABELS:
@@ -218,8 +218,11 @@ class _ReadableLogLocator(LogLocator):
         if not (np.isfinite(low) and np.isfinite(high)) or low <= 0 or high <= low:
             return super().tick_values(vmin, vmax)
         subs = _log_subs(low, high)
-        if subs is None:  # so narrow that evenly spaced round numbers read best, as on a linear axis
-            ticks = MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+        if subs is None:  # a decade or less: evenly spaced round numbers, as on a linear axis, cover it best
+            for bins in (4, 6, 9, 12):
+                ticks = MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+                if np.sum((ticks >= low) & (ticks <= high)) >= MIN_LOG_LABELS:
+                    break
             return ticks[ticks > 0]
         if subs == (1.0,):
             return super().tick_values(vmin, vmax)
