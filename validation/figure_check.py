@@ -3,14 +3,14 @@
 Three are checked: text (a title, an axis label, a tick number, a legend, an annotation) that reaches past the
 canvas and is cut in the saved image; a log axis numbered at fewer than :data:`MIN_LOG_TICK_LABELS` places (major
 and minor tick labels that are drawn and not empty), on which no value can be read; and a legend that names two
-entries alike. The report's figures and ``--plot`` files are written by :func:`save`, which warns of each defect;
-the tests turn the warning into an error.
+entries alike. The report's figures and ``--plot`` files are written by :func:`save`, which warns of each defect
+(the test suite turns the warning into an error); :func:`figure_defects` lists them without writing anything.
 """
 from __future__ import annotations
 
-import io
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 
 from matplotlib.text import Text
 
@@ -25,15 +25,17 @@ class FigureDefectWarning(UserWarning):
 
 
 def figure_defects(fig, dpi: float | None = None) -> list[str]:
-    """Every defect of ``fig`` as :func:`save` would draw it at ``dpi`` (default: the figure's own), one
-    sentence each; [] when none."""
-    defects = []
-    save(fig, io.BytesIO(), dpi=dpi, format="png", found=defects)
-    return defects
+    """Every defect of ``fig`` drawn as :func:`save` draws it at ``dpi`` (default: the figure's own), one sentence
+    each; [] when none. Nothing is rasterised, and nothing is warned."""
+    found: list[str] = []
+    with _at_dpi(fig, dpi):
+        fig.draw_without_rendering()  # the settling draw of save()
+        with _checked_draw(fig, found):
+            fig.draw_without_rendering()
+    return found
 
 
-def save(fig, target, *, dpi: float | None = None, format: str = "png", name: str = "figure",
-         found: list | None = None) -> list[str]:
+def save(fig, target, *, dpi: float | None = None, format: str = "png", name: str = "figure") -> list[str]:
     """``fig.savefig(target)`` with its layout settled first, checked as saved: warn
     (:class:`FigureDefectWarning`) naming ``name`` and each defect; return the defects.
 
@@ -41,26 +43,38 @@ def save(fig, target, *, dpi: float | None = None, format: str = "png", name: st
     (an axes that grows gets other ticks), so the first draw of a figure can leave an axis label past the canvas
     that a second draw brings back: one draw at the saving dpi settles it. The check reads the positions of the
     draw that wrote the file (its ``draw_event``), so it sees what the file shows."""
-    found = [] if found is None else found
     dpi = fig.dpi if dpi is None else dpi
-    original_dpi = fig.dpi
-    fig.dpi = dpi
-    try:
+    found: list[str] = []
+    with _at_dpi(fig, dpi):
         fig.draw_without_rendering()
-    finally:
-        fig.dpi = original_dpi
+    with _checked_draw(fig, found):
+        fig.savefig(target, dpi=dpi, format=format)
+    if found:
+        warnings.warn(f"figure {name}: " + "; ".join(found), FigureDefectWarning, stacklevel=2)
+    return found
 
+
+@contextmanager
+def _at_dpi(fig, dpi):
+    original = fig.dpi
+    fig.dpi = original if dpi is None else dpi
+    try:
+        yield
+    finally:
+        fig.dpi = original
+
+
+@contextmanager
+def _checked_draw(fig, found: list):
+    """Fill ``found`` with the defects of the next draw of ``fig`` (from its ``draw_event``)."""
     def check(event):
         found[:] = defects(fig, event.renderer)
 
     connection = fig.canvas.mpl_connect("draw_event", check)
     try:
-        fig.savefig(target, dpi=dpi, format=format)
+        yield
     finally:
         fig.canvas.mpl_disconnect(connection)
-    if found:
-        warnings.warn(f"figure {name}: " + "; ".join(found), FigureDefectWarning, stacklevel=2)
-    return found
 
 
 def defects(fig, renderer) -> list[str]:
