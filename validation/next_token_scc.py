@@ -137,9 +137,11 @@ def cyclic_finite_limit(seed, steps):
     def figure():
         fig, ax = plots.figure()
         ax.plot(run.times[1:], np.maximum(run.metrics["loss"][1:] - entropy, 1e-17), "o", ms=3,
-                label="GD: $L(W_\\tau) - H(y)$")
+                label="GD: $L(W_\\tau) - H(y)$ (round-off: at most $10^{-17}$ drawn there)")
+        ax.axhline(1e-10, color="tab:red", ls=":", label="tolerance on $|L - H(y)|$ at the end: $10^{-10}$")
         plots.finish(ax, "fully cyclic toy: loss against the label entropy", "step $\\tau$",
                      "$L(W_\\tau) - H(y)$", logx=True, logy=True)
+        plots.legend_below(ax)
         return fig
     return Outcome(measured=dict(svm_norm=svm.value, attention_error=attention_error, loss_error=loss_error,
                                  predicted_attention_error=predicted_error, strict_edges=len(svm.strict)),
