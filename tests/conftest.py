@@ -22,6 +22,17 @@ def assert_within_standard_errors(measured_mean, standard_error, predicted, k=Z_
     assert np.all(np.abs(z) < k), f"max |z| = {np.abs(z).max():.2f} >= {k}: measured {measured_mean}, predicted {predicted}"
 
 
+def assert_figure_is_clean(result):
+    """The claim's figure, drawn as the report saves it, has no layout defect (attnflow.validation.figure_check): no
+    text past the canvas, every log axis numbered at three places or more, no legend naming two entries alike."""
+    if result.figure is None:
+        return
+    from attnflow.validation import figure_check, report
+
+    defects = figure_check.figure_defects(result.figure(), dpi=report.FIGURE_DPI)
+    assert not defects, (result.name, defects)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261122)

@@ -14,6 +14,7 @@ from attnflow.dynamics.errors import DivergenceError
 from attnflow.validation import attention_svm as claims
 from attnflow.validation.claims import run_claim
 from attnflow.validation.systems import get_system
+from tests.conftest import assert_figure_is_clean
 
 P = AttentionSVMProblem
 
@@ -249,6 +250,8 @@ def test_every_claim_passes_at_quick_settings():
     bad = [(r.name, r.status, r.measured, r.notes[:300]) for r in results
            if r.status != "PASS" and r.name not in claims.FINDINGS]
     assert not bad, bad
+    for result in results:
+        assert_figure_is_clean(result)
 
 
 def _run(name):

@@ -10,7 +10,7 @@ from attnflow.closed_forms.ccmc import CCMCProblem
 from attnflow.dynamics.errors import DivergenceError
 from attnflow.validation import ccmc as claims
 
-from .conftest import assert_within_standard_errors
+from .conftest import assert_figure_is_clean, assert_within_standard_errors
 
 
 def _attention(K=5, d=7, seed=0, scale=1.0):
@@ -312,6 +312,8 @@ def test_every_quick_claim_passes_or_is_a_registered_finding():
     assert len(results) >= 16
     failing = {n: r.status for n, r in results.items() if r.status != "PASS"}
     assert failing == {n: "FAIL" for n in claims.FINDINGS}, {n: results[n].notes or results[n].measured for n in failing}
+    for result in results.values():
+        assert_figure_is_clean(result)
 
 
 def _run(name, **overrides):

@@ -1,6 +1,5 @@
 """What the claims of gd_beta, one_nn, random_walk and group_sparse report: stable ids with human labels apart, a
 nominal false-FAIL rate that follows from the tolerance, and a figure (or a note saying why there is none)."""
-import io
 import re
 
 import pytest
@@ -9,12 +8,14 @@ from scipy import stats
 from attnflow import run_claim, select
 from attnflow.validation import gd_beta, one_nn
 from attnflow.validation.stats import Z_TOLERANCE
+from tests.conftest import assert_figure_is_clean
 
 STABLE_ID = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def assert_reports_by_contract(result):
-    """Ids are snake_case; every id has a label; a rate is a probability; the figure draws."""
+    """Ids are snake_case; every id has a label; a rate is a probability; the figure draws without a layout
+    defect."""
     ids = [*result.measured, *result.predicted]
     assert ids and all(STABLE_ID.match(key) for key in ids), (result.name, ids)
     assert set(ids) <= set(result.labels), (result.name, set(ids) - set(result.labels))
@@ -22,7 +23,7 @@ def assert_reports_by_contract(result):
     if result.figure is None:
         assert "No figure" in result.notes, result.name
     else:
-        result.figure().savefig(io.BytesIO(), format="png", dpi=40)
+        assert_figure_is_clean(result)
     document = result.to_dict()
     assert set(document["labels"]) == set(ids)
 

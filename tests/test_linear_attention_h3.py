@@ -10,7 +10,7 @@ from attnflow import run_claim, select
 from attnflow.closed_forms.linear_attention_h3 import H3Problem
 from attnflow.validation import linear_attention_h3 as claims
 
-from .conftest import assert_within_standard_errors
+from .conftest import assert_figure_is_clean, assert_within_standard_errors
 
 N_PROMPTS = 200_000
 
@@ -346,6 +346,8 @@ def test_every_claim_holds_at_quick_settings():
     assert all(r.as_registered for r in results), [(r.name, r.status, r.notes[:200]) for r in results
                                                    if not r.as_registered]
     assert {r.name for r in results if r.status == "FINDING"} == set(claims.FINDINGS)
+    for result in results:
+        assert_figure_is_clean(result)
 
 
 def test_risk_claim_fails_when_the_closed_form_is_wrong(monkeypatch):

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from attnflow import seeding
 from attnflow.closed_forms import next_token_scc as cf
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.dynamics import next_token_scc as dyn
 from attnflow.validation import next_token_scc as claims
 from attnflow.validation.claims import registered_claims, run_claim
 from attnflow.validation.systems import get_system
+from tests.conftest import assert_figure_is_clean
 
 GOLDEN = Path(__file__).parent / "test_golden" / "next_token_scc_official.json"
 
@@ -344,6 +344,7 @@ def test_every_claim_holds_as_registered_at_quick_settings(name):
     assert result.as_registered, (result.status, result.measured, result.notes)
     expected = "FINDING" if registered_claims()[name].finding else "PASS"
     assert result.status == expected
+    assert_figure_is_clean(result)
 
 
 def test_same_seed_same_numbers():

@@ -165,14 +165,12 @@ def test_least_squares_V_minimises_the_risk_over_V():
 
 
 def test_quick_claims_pass_and_draw_their_figures():
-    import matplotlib.pyplot as plt
-
     from attnflow import run_claim, select
+    from tests.conftest import assert_figure_is_clean
     results = [run_claim(c, seed=0) for c in select(["scb"])]
     assert {r.name: r.status for r in results} == {c.name: "PASS" for c in select(["scb"])}
     for r in results:
-        if r.figure is not None:
-            plt.close(r.figure())
+        assert_figure_is_clean(r)
 
 
 def test_sympy_derivation_equals_the_kernels():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from matplotlib.ticker import LogFormatterSciNotation, NullFormatter
+from matplotlib.ticker import NullFormatter
 from scipy import stats as scipy_stats
 
 from attnflow import seeding
@@ -68,11 +68,9 @@ RUN_STATISTIC = "the median over runs"
 
 
 def _label_log_axes(ax, x):
-    """Tick labels at the measured grid on the x axis and at 2 and 5 × 10^k on a short log y axis, so a log-log
-    panel spanning less than a decade still carries numbers."""
+    """Tick labels at the measured grid on the x axis (the y axis is numbered by :func:`plots.finish`)."""
     ax.set_xticks(np.asarray(x, float), [f"{v:g}" for v in x])
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 
 def _random_attention(K, d, seed, scale=1.0):
@@ -176,11 +174,18 @@ def sampled_frequencies(seed, K, d, length, draws):
     rows = [dict(token=k, law=float(law[k]), frequency=float(frequencies[k]), z=float(z[k])) for k in range(K)]
 
     def figure():
-        fig, ax = plots.figure()
+        # the binomial SEs are invisible on the scale of the law: the right panel shows the test itself
+        fig, (ax, ax_z) = plots.figure(ncols=2)
         ax.bar(np.arange(K), law, color="lightgray", edgecolor="black", label="CCMC law")
-        plots.simulation_points(ax, np.arange(K), frequencies, se, label=f"raw layer, {draws} draws (±2 SE)")
+        ax.plot(np.arange(K), frequencies, "o", color="tab:blue", label=f"raw layer, {draws} draws")
         plots.finish(ax, f"Next-token law on the prompt {prompt.tolist()}", "token $k$", r"$\Pr(y = k \mid X)$")
         plots.legend_below(ax, ncols=2)
+        tokens = np.flatnonzero(support)
+        plots.residual_panel(ax_z, tokens, z[support], Z_TOLERANCE,
+                             f"Each token of the prompt (off it: frequency {off_support:g})", "token $k$",
+                             ylabel="$z$ = (frequency − law) / binomial SE", label="raw layer")
+        ax_z.set_xticks(np.arange(K))
+        plots.legend_below(ax_z, ncols=2)
         return fig
 
     return Outcome(measured={"max_abs_z": float(np.abs(z).max()), "off_support_frequency": off_support},
@@ -429,7 +434,8 @@ def mle_rate(seed, L, ns, reps):
         plots.simulation_points(ax, x, chain_errors.mean(axis=1), chain_errors.std(axis=1, ddof=1) / math.sqrt(reps),
                                 label=f"MLE, mean over {reps} data sets (±2 SE)")
         plots.theory_line(ax, x, constants["chain"] / x, label=f"asymptote {constants['chain']:.3f}/n")
-        plots.finish(ax, f"MLE error (K = 4, L = {L}): slope {check['estimate']:.3f}, theory −1",
+        plots.finish(ax, f"MLE error (K = 4, L = {L}): slope {check['estimate']:.3f}\n(accepted: "
+                         f"−1 ± {Z_TOLERANCE * check['standard_error']:.3f})",
                      "samples $n$", r"$\mathbb{E}\,\|\hat P - P^*\|_F^2$", logx=True, logy=True)
         _label_log_axes(ax, ns)
         return fig
@@ -472,10 +478,10 @@ def uniform_chain_constant(seed, Ks, length_factor, prompts, batches):
     bound = t_critical(batches - 1)
 
     def figure():
-        fig, ax = plots.figure()
+        fig, (ax, ax_t) = plots.figure(ncols=2)
         K = np.array([r["K"] for r in rows], float)
-        plots.simulation_points(ax, K, [r["monte_carlo"] for r in rows], [r["jackknife_se"] for r in rows],
-                                label=f"Monte-Carlo Fisher information, {prompts} prompts (±2 jackknife SE)")
+        ax.plot(K, [r["monte_carlo"] for r in rows], "o", color="tab:blue",
+                label=f"Monte-Carlo Fisher information, {prompts} prompts")
         plots.theory_line(ax, K, [r["finite_L"] for r in rows], label=f"closed form at $L = {length_factor}K$")
         grid = np.geomspace(K[0], K[-1], 50)
         plots.theory_line(ax, grid, grid * (grid - 1), label="limit $K(K-1)$ (slope 2)", ls=":")
@@ -483,6 +489,11 @@ def uniform_chain_constant(seed, Ks, length_factor, prompts, batches):
                      r"$\sum_a \mathrm{tr}(J_a F_a^+ J_a)$", logx=True, logy=True)
         _label_log_axes(ax, Ks)
         plots.legend_below(ax)
+        plots.residual_panel(ax_t, K, [r["t"] for r in rows], bound, "Monte Carlo against the closed form",
+                             "vocabulary size $K$", ylabel="$t$ = (MC − closed form) / jackknife SE",
+                             label=f"jackknife over {batches} batches", symbol="t", logx=True)
+        _label_log_axes(ax_t, Ks)
+        plots.legend_below(ax_t)
         return fig
 
     return Outcome(
@@ -608,15 +619,18 @@ def support_invariance(seed, K, d, X0, steps, runs):
                 for query in cf.QUERY_VARIANTS for m in m0)
 
     def figure():
-        fig, ax = plots.figure()
+        # counts on a linear axis, each written on its bar: the claim is that the tokens outside X0 read 0
+        fig, ax = plots.figure(width=5.6)
         width = 0.4
         for shift, (query, counts) in zip((-width / 2, width / 2), emissions.items()):
-            ax.bar(np.arange(K) + shift, counts, width, label=f"query {query}")
+            bars = ax.bar(np.arange(K) + shift, counts, width, label=f"query {query}")
+            ax.bar_label(bars, fontsize=7)
         for j, k in enumerate(support):
             ax.axvspan(k - 0.5, k + 0.5, color="tab:green", alpha=0.1, label="tokens of X0" if j == 0 else None)
         ax.set_xticks(np.arange(K))
-        plots.finish(ax, f"Tokens emitted from X0 = {tuple(X0)} over {runs} × {steps} steps", "token $k$",
-                     "times emitted", logy=True)
+        ax.margins(y=0.12)
+        plots.finish(ax, f"Tokens emitted from X0 = {tuple(X0)}\n({runs} runs × {steps} steps, each query variant)",
+                     "token $k$", "times emitted")
         plots.legend_below(ax, ncols=3)
         return fig
 
@@ -662,8 +676,10 @@ def polya_urn(seed, X0, K, t, runs):
             z = np.array([r["z_" + what] for r in rows])
             predicted_values = np.array([r["predicted_" + what] for r in rows])
             se = np.abs(values - predicted_values) / np.maximum(np.abs(z), 1e-300)
+            plots.tolerance_band(ax, tokens, predicted_values, Z_TOLERANCE * se, discrete=True,
+                                 label=f"tolerance ±{Z_TOLERANCE:g} SE")
             ax.hlines(predicted_values, tokens - 0.3, tokens + 0.3, **plots.THEORY, label="theory")
-            plots.simulation_points(ax, tokens, values, se, label=f"{runs} runs (±2 SE)")
+            ax.plot(tokens, values, "o", color="tab:blue", label=f"{runs} runs")
             ax.set_xticks(tokens)
             plots.finish(ax, f"Pólya urn, X0 = {tuple(X0)}, t = {t}", "token $k$", title)
             plots.legend_below(ax, ncols=2)
@@ -687,6 +703,8 @@ def _fitness_runs(seed, v, X0, levels, runs, query):
 
 
 def _exponent_figure(x, y_by_token, predicted, fits, title, xlabel, ylabel):
+    """Median over runs (quartile bars) against x on log-log axes with each token's predicted slope; the legend
+    gives each fitted exponent beside the interval the claim accepts, predicted ± (4 bootstrap SE + allowance)."""
     def figure():
         fig, ax = plots.figure()
         x_arr = np.asarray(x, float)
@@ -697,8 +715,9 @@ def _exponent_figure(x, y_by_token, predicted, fits, title, xlabel, ylabel):
             ax.errorbar(x_arr, median, yerr=[median - quartiles[0], quartiles[1] - median], marker="o", ls="none",
                         capsize=3, color=color,
                         label=f"token {k}: median over runs (quartile bars), fit {fits[k]['estimate']:.3f}")
+            accepted = Z_TOLERANCE * fits[k]["standard_error"] + fits[k]["allowance"]
             plots.theory_line(ax, x_arr, median[-1] * (x_arr / x_arr[-1]) ** predicted[k], color=color,
-                              label=f"token {k}: theory slope {predicted[k]:.3f}")
+                              label=f"token {k}: theory slope {predicted[k]:.3f}, accepted ± {accepted:.3f}")
         plots.finish(ax, title, xlabel, ylabel, logx=True, logy=True)
         _label_log_axes(ax, x)
         plots.legend_below(ax)
@@ -745,7 +764,7 @@ def fitness_urn_exponents(seed, v, X0, levels, runs, query):
         passed=all(f["passed"] for f in fits.values()),
         details=[{k: val for k, val in f.items() if k != "fit"} | dict(token=k) for k, f in fits.items()],
         figure=_exponent_figure(levels, curves, {k: fits[k]["predicted"] for k in losers}, fits,
-                                f"Fitness urn v={tuple(v)} ({query}): losers against the winner",
+                                f"Fitness urn v = {tuple(v)}, query {query}:\nlosers against the winner",
                                 "winner count $m_w$", "loser count $m_k$"))
 
 
@@ -825,16 +844,28 @@ def diagonal_collapse(seed, K, diagonal, steps, runs):
         median = np.median(losers, axis=0)
         axes[0].plot(x, median, "o", label=f"median over runs, fit {check['estimate']:.3f}")
         axes[0].plot(x, losers.mean(axis=0), "s", color="tab:orange", label=f"mean over runs, fit {mean_fit.estimate:.3f}")
-        plots.theory_line(axes[0], x, median[-1] * (x / x[-1]) ** predicted, label=f"theory slope {predicted:.3f}")
+        plots.theory_line(axes[0], x, median[-1] * (x / x[-1]) ** predicted,
+                          label=f"theory slope {predicted:.3f}, accepted ± {Z_TOLERANCE * check['standard_error']:.3f}")
         plots.finish(axes[0], f"Losers around the winner ($p_{{diag}}$ = {diagonal:g})", "generated tokens $t$",
                      r"losers' total count $\sum_{k \neq w} m_k$", logx=True, logy=True)
         _label_log_axes(axes[0], steps)
         plots.legend_below(axes[0])
-        axes[1].bar(np.arange(K), wins, color="tab:blue", label="runs won")
-        axes[1].axhline(runs / K, **plots.THEORY, label=f"symmetry: {runs}/{K}")
+        # the start is not symmetric: X0 ends in its last token, the first query, so the first draw comes from that
+        # token's row and repeats it with probability P_aa; only the other K − 1 tokens are exchangeable
+        query = X0[-1]
+        others = [k for k in range(K) if k != query]
+        colors = ["tab:orange" if k == query else "tab:blue" for k in range(K)]
+        axes[1].bar(np.arange(K), wins, color=colors)
+        axes[1].bar_label(axes[1].containers[0], label_type="center", color="white", fontsize=8)
+        axes[1].hlines((runs - wins[query]) / len(others), min(others) - 0.4, max(others) + 0.4, **plots.THEORY,
+                       label=f"exchangeable tokens {others}: equal share of the rest")
+        axes[1].plot([], [], "s", color="tab:orange",
+                     label=f"token {query}: last in X0, so the first query; drawn first w.p. "
+                           f"$P_{{{query}{query}}}$ = {diagonal:g}")
         axes[1].set_xticks(np.arange(K))
-        plots.finish(axes[1], f"Winning token over {runs} runs", "token", "runs won")
-        plots.legend_below(axes[1], ncols=2)
+        axes[1].margins(y=0.1)
+        plots.finish(axes[1], f"Winning token over {runs} runs (each wins ≥ 1: tested)", "token", "runs won")
+        plots.legend_below(axes[1], ncols=1)
         return fig
 
     return Outcome(
@@ -895,8 +926,10 @@ def fluid_equilibrium(seed, steps, runs, ode_starts):
             axes[0].axhline(f_star[k], **{**plots.THEORY, "color": f"C{k}"}, label=f"$f^*_{k}$ = {f_star[k]:.4f}")
         plots.finish(axes[0], "Fluid limit from 6 random starts (solid)", r"$\tau = \log(1 + t/L_0)$", "share $f_k$")
         plots.legend_below(axes[0], ncols=2)
+        plots.tolerance_band(axes[1], np.arange(3), f_star[:3] / f_star[:3].sum(), bound * se, discrete=True,
+                             label=f"tolerance ±{bound:.2f} SE")
         axes[1].hlines(f_star[:3], np.arange(3) - 0.3, np.arange(3) + 0.3, **plots.THEORY, label="$f^*_k$ (theory)")
-        plots.simulation_points(axes[1], np.arange(3), mean, se, label=f"{runs} runs at t = {steps[-1]} (±2 SE)")
+        axes[1].plot(np.arange(3), mean, "o", color="tab:blue", label=f"{runs} runs at t = {steps[-1]}")
         axes[1].set_xticks(np.arange(3))
         plots.finish(axes[1], "Winners' shares renormalised on {0, 1, 2}", "token $k$", "share")
         plots.legend_below(axes[1], ncols=2)

@@ -90,7 +90,7 @@ def _render(result: CheckResult, formats=("png",)) -> dict | None:
     if result.figure is None:
         return None
     try:
-        drawn = report.draw_figure(result, formats)
+        drawn = report.draw_figure(result, formats)  # warns of a layout defect (validation.figure_check)
     except Exception as error:
         return dict(error=f"{type(error).__name__}: {error}")
     return {form: base64.b64encode(data).decode("ascii") for form, data in drawn.items()}

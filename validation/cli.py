@@ -644,10 +644,12 @@ def _print_values(values: dict) -> None:
 def _save(figure, path: str) -> None:
     if not path.strip():
         raise ValueError("--plot needs a file name")
+    from . import figure_check
+
     # rendered in memory, then written and closed here: a failed write (a full device) raises on close, which
     # matplotlib's own file handling does not report
     buffer = io.BytesIO()
-    figure.savefig(buffer, dpi=110, format=Path(path).suffix.lstrip(".").lower())
+    figure_check.save(figure, buffer, dpi=110, format=Path(path).suffix.lstrip(".").lower(), name=path)
     try:
         with open(path, "wb") as handle:
             handle.write(buffer.getvalue())

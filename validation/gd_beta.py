@@ -71,17 +71,21 @@ def risk_formula(seed, n_prompts, d, N):
     worst = max(rows, key=lambda r: abs(r["z"]))
 
     def figure():
-        fig, ax = plots.figure(width=6.4)
+        # the values, and beside them the test: each z against |z| < 4 (the SEs are invisible on the risk's scale)
+        fig, (ax, ax_z) = plots.figure(ncols=2)
         x = np.arange(len(rows))
-        plots.simulation_points(ax, x, [r["monte_carlo"] for r in rows], [r["standard_error"] for r in rows],
-                                label=f"Monte Carlo ({n_prompts:,} prompts, ±2 SE)")
+        ax.plot(x, [r["monte_carlo"] for r in rows], "o", color="tab:blue", label=f"Monte Carlo ({n_prompts:,} prompts)")
         ax.plot(x, [r["closed_form"] for r in rows], "k_", markersize=22, markeredgewidth=1.6,
                 label="closed form (docs/gd_beta.md §3)")
-        ax.set_xticks(x, [r["config"] for r in rows])
-        ax.set_xlim(-0.5, len(rows) - 0.5)
+        plots.residual_panel(ax_z, x, [r["z"] for r in rows], Z_TOLERANCE, "Monte Carlo against the closed form",
+                             "configuration", label="Monte Carlo")
+        for axis in (ax, ax_z):
+            axis.set_xticks(x, [r["config"] for r in rows])
+            axis.set_xlim(-0.5, len(rows) - 0.5)
         plots.finish(ax, r"GD-$\beta$ risk at random $(\beta_0, \Gamma)$", "configuration",
                      r"ICL risk $R(\beta_0, \Gamma)$")
-        plots.legend_outside(ax)
+        plots.legend_below(ax)
+        plots.legend_below(ax_z, ncols=2)
         return fig
 
     return Outcome(
@@ -166,7 +170,8 @@ def optimal_parameters(seed, d, N, n_starts, n_prompts):
         curve = [cf.icl_risk(problem, beta_star + s * d_beta, Gamma_star + s * d_Gamma) - R_star for s in s_grid]
         plots.theory_line(ax, s_grid, curve, label=r"closed form $R - R^*$")
         plots.simulation_points(ax, [r["step"] for r in rows], [r["monte_carlo_increase"] for r in rows],
-                                [r["standard_error"] for r in rows], label="paired Monte Carlo (±2 SE)")
+                                [r["standard_error"] for r in rows], k=Z_TOLERANCE,
+                                label=f"paired Monte Carlo (±{Z_TOLERANCE:g} SE: the tolerance)")
         plots.finish(ax, r"Risk along a line through $(\beta^*, \Gamma^*)$ (Thm 5.2)", r"step $s$ along $\Delta$",
                      r"$R - R^*$")
         return fig
@@ -367,8 +372,8 @@ def bayes_constant_factor(seed, N_values, n_contexts):
     def figure():
         fig, ax = plots.figure(width=6.6)
         Ns = [r["N"] for r in rows]
-        plots.simulation_points(ax, Ns, [r["ratio"] for r in rows], [r["ratio_se"] for r in rows],
-                                label="Bayes risk by Monte Carlo (±2 SE)")
+        plots.simulation_points(ax, Ns, [r["ratio"] for r in rows], [r["ratio_se"] for r in rows], k=Z_TOLERANCE,
+                                label=f"Bayes risk by Monte Carlo (±{Z_TOLERANCE:g} SE: the tolerance)")
         plots.theory_line(ax, Ns, [limit] * len(Ns), label=rf"$N \to \infty$ limit {limit:.3f}")
         plots.theory_line(ax, Ns, [bound] * len(Ns), label=rf"upper bound $1 + 2\,\mathrm{{SNR}}$ = {bound:.3f}",
                           color="tab:red", linestyle=":")
@@ -415,8 +420,8 @@ def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
 
     def figure():
         fig, ax = plots.figure(width=6.6)
-        plots.simulation_points(ax, [r["snr"] for r in rows], ratios, ses,
-                                label=r"GD-$\beta$/Bayes excess ratio (±2 SE)")
+        plots.simulation_points(ax, [r["snr"] for r in rows], ratios, ses, k=Z_TOLERANCE,
+                                label=rf"GD-$\beta$/Bayes excess ratio (±{Z_TOLERANCE:g} SE: the tolerance)")
         snrs = np.geomspace(min(r["snr"] for r in rows), max(r["snr"] for r in rows), 50)
         plots.theory_line(ax, snrs, 1 + 2 * snrs, label=r"$1 + 2\,\mathrm{SNR}$ (bound at each SNR)")
         plots.theory_line(ax, snrs, [bounded_constant] * len(snrs), color="tab:red", linestyle=":",

@@ -61,8 +61,9 @@ def position_only_matches_monte_carlo(seed, points, n_samples, chunks):
         fig, (ax_loss, ax_z) = plots.figure(ncols=2, width=4.4)
         losses = [r for r in rows if r["quantity"] == "L"]
         x = np.arange(len(losses))
-        plots.simulation_points(ax_loss, x, [r["monte_carlo"] for r in losses], [r["standard_error"] for r in losses],
-                                label=f"Monte Carlo ({n_samples:,} samples, ±2 SE)")
+        # the SEs are invisible on the loss's scale; the right panel holds the test
+        ax_loss.plot(x, [r["monte_carlo"] for r in losses], "o", color="tab:blue",
+                     label=f"Monte Carlo ({n_samples:,} samples)")
         ax_loss.plot(x, [r["quadrature"] for r in losses], "k_", markersize=18, markeredgewidth=1.6,
                      label="quadrature (docs/group_sparse.md §6)")
         ax_loss.set_xticks(x, [f"{r['beta']:g}, {r['alpha']:g}" for r in losses])
@@ -147,8 +148,9 @@ def reduced_matches_full_gd(seed, steps, eta, batch_size, seeds):
                                                 (r"\beta", r"\alpha")):
             plots.simulation_points(ax, np.zeros(seeds), at_B, label="full GD, one seed each")
             plots.simulation_points(ax, np.ones(seeds), at_2B, color="tab:blue", label="_nolegend_")
-            plots.simulation_points(ax, [2], [r["full_gd"]], [r["standard_error"]], marker="s", color="tab:orange",
-                                    label=r"extrapolated to $B \to \infty$ (±2 SE)")
+            plots.simulation_points(ax, [2], [r["full_gd"]], [r["standard_error"]], k=r["critical"], marker="s",
+                                    color="tab:orange",
+                                    label=rf"extrapolated to $B \to \infty$ (±{r['critical']:.2f} SE: the tolerance)")
             plots.theory_line(ax, [-0.5, 2.5], [r["reduced"]] * 2, label=r"$(\beta, \alpha)$ map")
             ax.set_xticks([0, 1, 2], [f"$B = {batch_size}$", f"$2B = {2 * batch_size}$", r"$B \to \infty$"])
             plots.finish(ax, rf"${symbol}$ after {steps} steps (position-only)", "", rf"${symbol}$")
@@ -207,8 +209,8 @@ def attention_selects_group(seed, Ds, d, batch_size, seeds):
         plots.simulation_points(ax, D, np.exp(gap), label=f"full GD at $T = D^3$ ({seeds} seeds each)")
         xs = np.linspace(D.min(), D.max(), 50)
         plots.theory_line(ax, xs, np.exp(np.polyval(fit[0], xs)), label=rf"$e^{{-cD}}$ fit, $c = {-slope:.3f}$")
+        ax.margins(y=0.1)
         plots.finish(ax, "Attention on the relevant group", "$D$", r"$1 - \mathrm{mean}\ S_{j^*\!,\,j}$", logy=True)
-        plots.show_all_log_ticks(ax, "y")
         ax.set_xticks(sorted(set(Ds)))
         plots.simulation_points(ax_cos, D, [1 - r["cos"] for r in rows], label="full GD")
         plots.theory_line(ax_cos, [D.min(), D.max()], [1e-3, 1e-3], color="tab:red", linestyle=":",
@@ -345,7 +347,10 @@ def downstream_sample_complexity(seed, d, Ds, n, gamma, seeds, n_test):
             law = (d + grid) / (d + Dx[0]) if name == "transformer" else grid / Dx[0]
             plots.theory_line(ax, grid, means[0] * law, color=color,
                               label=r"$\propto (d + D)/n$" if name == "transformer" else r"$\propto dD/n$")
-        plots.finish(ax, f"Downstream test error at $n = {n}$ ($d = {d}$)", "$D$", "test error", logx=True, logy=True)
+        ax.margins(x=0.06, y=0.12)  # the largest error bar stays off the frame
+        plots.finish(ax, f"Downstream test error at $n = {n}$ ($d = {d}$)\nexponent difference {gap.estimate:.2f}, "
+                         f"{DOWNSTREAM_LEVEL:.0%} interval [{gap.low:.2f}, {gap.high:.2f}] (tested > 0)",
+                     "$D$", "test error", logx=True, logy=True)
         ax.set_xticks(Dx, [f"{D:g}" for D in Dx])
         ax.tick_params(axis="x", which="minor", labelbottom=False)
         plots.legend_outside(ax)

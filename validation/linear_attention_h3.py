@@ -58,16 +58,27 @@ def _ids(values):
 
 
 def _z_figure(rows, title, xlabel="configuration"):
+    """Closed form against Monte Carlo per configuration (bars: the |z| < 4 tolerance), and beside it the relative
+    error on a log axis against the tolerance 4·SE/closed form: the agreement is far below what a linear risk axis
+    can show."""
     def figure():
-        fig, ax = plots.figure()
+        fig, (ax, ax_rel) = plots.figure(ncols=2)
         x = np.arange(len(rows))
-        plots.theory_line(ax, x, [r["predicted"] for r in rows], label="closed form", marker="_", markersize=14,
-                          linestyle="none")
-        plots.simulation_points(ax, x, [r["measured"] for r in rows], [r["standard_error"] for r in rows],
-                                label="Monte Carlo (±2 SE)")
-        ax.set_xticks(x, [r["label"] for r in rows], fontsize=7, rotation=15)
-        plots.finish(ax, title, xlabel, "risk")
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncols=2)
+        predicted = np.array([r["predicted"] for r in rows])
+        measured = np.array([r["measured"] for r in rows])
+        se = np.array([r["standard_error"] for r in rows])
+        plots.theory_line(ax, x, predicted, label="closed form", marker="_", markersize=14, linestyle="none")
+        plots.simulation_points(ax, x, measured, se, k=Z_TOLERANCE, label=f"Monte Carlo (±{Z_TOLERANCE:g} SE)")
+        ax_rel.plot(x, np.abs(measured - predicted) / np.abs(predicted), "o", color="tab:blue",
+                    label="|Monte Carlo − closed form| / closed form")
+        ax_rel.plot(x, Z_TOLERANCE * se / np.abs(predicted), "_", markersize=22, markeredgewidth=2.5,
+                    color="tab:green", label=f"tolerance: {Z_TOLERANCE:g} SE / closed form")
+        for axis, heading, ylabel in ((ax, title, "risk"), (ax_rel, "Relative error against the tolerance",
+                                                             "relative error")):
+            axis.set_xticks(x, [r["label"] for r in rows], fontsize=8)
+            axis.set_xlim(-0.5, len(rows) - 0.5)
+            plots.finish(axis, heading, xlabel, ylabel, logy=axis is ax_rel)
+            plots.legend_below(axis)
         return fig
     return figure
 
@@ -149,7 +160,8 @@ def _risk_curve_figure(ns, theory_by_label, points_by_label, title, xlabel="cont
             plots.theory_line(ax, xs, ys, label=f"{label}: theory", color=color)
             if label in points_by_label:
                 px, pm, pse = points_by_label[label]
-                plots.simulation_points(ax, px, pm, pse, label=f"{label}: simulation", color=color)
+                plots.simulation_points(ax, px, pm, pse, k=Z_TOLERANCE, color=color,
+                                        label=f"{label}: simulation (±{Z_TOLERANCE:g} SE, the tolerance)")
         plots.finish(ax, title, xlabel, "risk", logx=logx)
         return fig
     return figure
@@ -571,7 +583,7 @@ def drift_optima(seed, n_prompts):
         plots.theory_line(axes[1], x, [r["predicted"] for r in rows], label="closed form", marker="_",
                           markersize=14, linestyle="none")
         plots.simulation_points(axes[1], x, [r["measured"] for r in rows], [r["standard_error"] for r in rows],
-                                label="Monte Carlo (±2 SE)")
+                                k=Z_TOLERANCE, label=f"Monte Carlo (±{Z_TOLERANCE:g} SE, the tolerance)")
         axes[1].set_xticks(x, [r["label"] for r in rows], fontsize=8)
         axes[1].set_xlim(-0.5, len(rows) - 0.5)
         plots.finish(axes[1], "Optimal risks under drift", "predictor", "risk")
@@ -673,8 +685,8 @@ def _correlated_moment_claim(seed, design, n_prompts):
         x = np.arange(3)
         ratio = [r["measured"] / r["predicted"] for r in rows]
         plots.theory_line(ax, [-0.3, 2.3], [1, 1], label="closed form")
-        plots.simulation_points(ax, x, ratio, [r["standard_error"] / r["predicted"] for r in rows],
-                                label="Monte Carlo / closed form (±2 SE)")
+        plots.simulation_points(ax, x, ratio, [r["standard_error"] / r["predicted"] for r in rows], k=Z_TOLERANCE,
+                                label=f"Monte Carlo / closed form (±{Z_TOLERANCE:g} SE, the tolerance)")
         ax.set_xticks(x, [r["label"] for r in rows], fontsize=8)
         plots.finish(ax, f"{design.upper()} design, $d = 5$, $n = 10$, $\\alpha = 0.5$", "moment", "ratio")
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
@@ -793,7 +805,8 @@ def alignment_multiplier_fixed_alpha(seed, ns, n_prompts):
                           label="exact $n_{\\rm eff}/n$ (closed form)")
         ax.axhline(kappa, color="C3", linestyle=":", label=f"$\\kappa = \\alpha^2 d + 1 = {kappa:g}$")
         plots.simulation_points(ax, [r["n"] for r in rows], [r["measured"] for r in rows],
-                                [r["standard_error"] for r in rows], label="Monte Carlo (±2 SE)")
+                                [r["standard_error"] for r in rows], k=Z_TOLERANCE,
+                                label=f"Monte Carlo (±{Z_TOLERANCE:g} SE)")
         plots.finish(ax, f"RAG at fixed $\\alpha = {alpha}$, $d = {d}$", "context length $n$", "$n_{\\rm eff}/n$",
                      logx=True)
         for (rho, values), color in zip(against_d.items(), ("C0", "C1")):
@@ -889,7 +902,8 @@ def rag_risk_floor(seed, d, n, n_prompts):
         plots.theory_line(ax, grid, iid, label="$L^*_{\\rm IID}(n)$", color="gray", linestyle=":")
         ax.axhline(floor, color="C3", linestyle="-.", label="RAG floor")
         ax.axhline(sigma2, color="C2", linestyle=(0, (1, 3)), label="$\\sigma^2$")
-        plots.simulation_points(ax, [n], [mc.mean], [mc.standard_error], label="Monte Carlo (±2 SE)")
+        plots.simulation_points(ax, [n], [mc.mean], [mc.standard_error], k=Z_TOLERANCE,
+                                label=f"Monte Carlo (±{Z_TOLERANCE:g} SE, the tolerance)")
         plots.finish(ax, f"RAG risk floor ($d = {d}$, $\\alpha = {alpha}$)", "context length $n$", "risk",
                      logx=True, logy=True)
         plots.show_all_log_ticks(ax)
@@ -954,6 +968,7 @@ def low_rank_optimum(seed, starts):
                           label="$L^*_r$ (spectral formula)", marker="_")
         plots.simulation_points(ax, [row["r"] for row in rows], [row["bfgs"] for row in rows],
                                 label="BFGS over $W = UV^\\top$")
+        ax.set_xticks(ranks)  # ranks are integers
         plots.finish(ax, "Low-rank optimum, setting D", "rank $r$", "risk")
         return fig
 
@@ -1034,6 +1049,7 @@ def lora_formula(seed, starts):
             picked = [row for row in rows if row["shift"] == label]
             plots.simulation_points(ax, [row["r"] for row in picked], [row["bfgs"] for row in picked], color=color,
                                     label=f"{label}: BFGS")
+        ax.set_xticks(ranks)  # ranks are integers
         plots.finish(ax, "LoRA from $W^*_{\\rm old}$", "adapter rank $r$", "risk on the new task")
         return fig
 

@@ -79,17 +79,28 @@ def quadrature_matches_monte_carlo(seed, n_prompts, points):
     worst = max(rows, key=lambda r: abs(r["z"]))
 
     def figure():
-        fig, ax = plots.figure(width=7.2)
+        # the loss itself on top; below, every tested comparison (the loss and both gradients at each point) as
+        # its z against the |z| < 4 band, since on the loss's log axis the tolerance is far too thin to see
+        fig, (ax, ax_z) = plots.figure(nrows=2, width=7.2, height=3.6)
         losses = [r for r in rows if r["quantity"] == "loss"]
         x = np.arange(len(losses))
-        plots.simulation_points(ax, x, [r["monte_carlo"] for r in losses], [r["standard_error"] for r in losses],
-                                label=f"Monte Carlo (≥ {n_prompts:,} prompts, more where skewed; ±2 SE)")
+        ticks = [f"{r['d']}, {r['N']}\n{r['xi1']:g}, {r['xi2']:g}" for r in losses]
+        ax.plot(x, [r["monte_carlo"] for r in losses], "o", color="tab:blue",
+                label=f"Monte Carlo (≥ {n_prompts:,} prompts, more where skewed)")
         ax.plot(x, [r["quadrature"] for r in losses], "k_", markersize=18, markeredgewidth=1.6,
                 label="quadrature (docs/one_nn.md §6)")
-        ax.set_xticks(x, [f"{r['d']}, {r['N']}\n{r['xi1']:g}, {r['xi2']:g}" for r in losses], fontsize=7)
+        ax.set_xticks(x, ticks, fontsize=7)
         plots.finish(ax, r"1-NN population loss $L(\xi_1, \xi_2)$", r"$d, N$ / $\xi_1, \xi_2$",
                      r"$L(\xi_1, \xi_2)$", logy=True)
         plots.legend_below(ax, ncols=2)
+        names = dict(loss="$L$", d_xi1=r"$\partial L/\partial\xi_1$", d_xi2=r"$\partial L/\partial\xi_2$")
+        for j, (quantity, marker) in enumerate(zip(names, "osD")):
+            chosen = [r for r in rows if r["quantity"] == quantity]
+            ax_z.plot(x + 0.15 * (j - 1), [r["z"] for r in chosen], marker, color=f"C{j}", label=names[quantity])
+        plots.residual_panel(ax_z, None, [r["z"] for r in rows], Z_TOLERANCE, "Every comparison tested",
+                             r"$d, N$ / $\xi_1, \xi_2$", ylabel="$z$ = (MC − quadrature) / √(SE² + err²)")
+        ax_z.set_xticks(x, ticks, fontsize=7)
+        plots.legend_below(ax_z, ncols=4)
         return fig
 
     return Outcome(
@@ -286,8 +297,9 @@ def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
             plots.simulation_points(ax_xi, group[0].times, xi1_runs.mean(axis=0),
                                     xi1_runs.std(axis=0, ddof=1) / np.sqrt(seeds), color=color,
                                     label=f"full GD, $B = {B}$, mean of {seeds} seeds (±2 SE)")
-        ax_xi.errorbar([steps], [extrapolated], yerr=[2 * se_xi1], marker="*", markersize=9, color="C3",
-                       linestyle="none", capsize=3, label=r"extrapolated to $B \to \infty$ (±2 SE)")
+        ax_xi.errorbar([steps], [extrapolated], yerr=[rows[0]["critical"] * se_xi1], marker="*", markersize=9,
+                       color="C3", linestyle="none", capsize=3,
+                       label=rf"extrapolated to $B \to \infty$ (±{rows[0]['critical']:.2f} SE: the tolerance)")
         plots.finish(ax_xi, rf"$\xi_1$ under GD, $\eta = {eta:g}$", "step", r"$\xi_1$")
         plots.legend_below(ax_xi)
         entries_t = np.array([run.metrics["label_indicator"] for run in runs + runs_2B])
@@ -295,6 +307,8 @@ def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
         plots.simulation_points(ax_entry, runs[0].times, entries_t.mean(axis=0),
                                 entries_t.std(axis=0, ddof=1) / np.sqrt(entries.size),
                                 label=f"full GD, {entries.size} runs (±2 SE)")
+        plots.tolerance_band(ax_entry, [steps], [0.0], [rows[1]["critical"] * se_entry], discrete=True, width=4.0,
+                             label=f"tolerance at step {steps}: ±{rows[1]['critical']:.2f} SE")
         plots.finish(ax_entry, "Symmetry-forbidden entry", "step", r"$W_{d,\,d+1}$")
         plots.legend_below(ax_entry)
         return fig
@@ -440,13 +454,21 @@ def context_length(seed, configs, steps):
         rows.append(dict(d=d, N=N, sigma=sigma, sqrt_d_log_d=math.sqrt(d) * math.log(d), initial_loss=loss[0],
                          final_loss=loss[-1], ratio=loss[-1] / loss[0]))
     def figure():
-        fig, ax = plots.figure(width=6.4)
+        # filled: N ≥ √d·log d, the theorem's context condition; open: below it. σ = 0 is below any poly(d).
+        fig, ax = plots.figure(width=8.0)
         x = np.arange(len(rows))
-        plots.simulation_points(ax, x, [r["ratio"] for r in rows], label=f"reduced GD, {steps} steps")
+        met = np.array([r["N"] >= r["sqrt_d_log_d"] for r in rows])
+        ratios = np.array([r["ratio"] for r in rows])
+        ax.plot(x[met], ratios[met], "o", color="tab:blue", markersize=7,
+                label=f"reduced GD, {steps} steps: $N \\geq \\sqrt{{d}}\\,\\log d$")
+        ax.plot(x[~met], ratios[~met], "o", color="tab:blue", markerfacecolor="none", markersize=7,
+                label=r"the same with $N < \sqrt{d}\,\log d$")
         plots.theory_line(ax, [-0.5, len(rows) - 0.5], [1 / 3, 1 / 3], label="required: below 1/3")
-        ax.set_xticks(x, [f"{r['d']}, {r['N']}, {r['sigma']:g}" for r in rows], fontsize=8)
+        ax.set_xticks(x, [f"{r['d']}, {r['N']}, {r['sigma']:g}\n{r['N'] / r['sqrt_d_log_d']:.2f}" for r in rows],
+                      fontsize=8)
+        ax.margins(y=0.15)
         ax.set_xlim(-0.5, len(rows) - 0.5)
-        plots.finish(ax, r"Loss reduction beyond $N = \Omega(\sqrt{d}\,\log d)$", r"$d$, $N$, $\sigma$",
+        plots.finish(ax, r"Loss reduction beyond $N = \Omega(\sqrt{d}\,\log d)$", "$d$, $N$, $\\sigma$ (below: $N / \\sqrt{d}\\log d$)",
                      "final / initial loss", logy=True)
         plots.legend_outside(ax)
         return fig

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import Formatter, LogLocator, MaxNLocator, NullFormatter
 
 THEORY = dict(color="black", linestyle="--", linewidth=1.4)
 SIMULATION = dict(marker="o", linestyle="none", markersize=4, capsize=3)
@@ -24,22 +25,57 @@ def theory_line(ax, x, y, label="theory", **style):
     ax.plot(x, y, label=label, **{**THEORY, **{aliases.get(k, k): v for k, v in style.items()}})
 
 
-def simulation_points(ax, x, mean, standard_error=None, label="simulation", **style):
-    """Measured means with ±2 SE bars (≈95% intervals)."""
-    yerr = None if standard_error is None else 2 * np.asarray(standard_error)
+def simulation_points(ax, x, mean, standard_error=None, label="simulation", *, k: float = 2.0, **style):
+    """Measured means with ±k SE bars: k = 2 (≈95% intervals) where no test is made on the points, the claim's
+    own multiple where it is (|z| < 4: k = 4, so a bar that misses the prediction is a FAIL)."""
+    yerr = None if standard_error is None else k * np.asarray(standard_error)
     ax.errorbar(x, mean, yerr=yerr, label=label, **{**SIMULATION, **style})
+
+
+TOLERANCE = dict(color="tab:green", alpha=0.18, linewidth=0)
+
+
+def tolerance_band(ax, x, predicted, half_width, *, label="tolerance", discrete: bool = False, width: float = 0.6,
+                   **style):
+    """What a claim accepts around its prediction, predicted ± half_width, shaded: a measured value inside passes.
+
+    Along an ordered x it is one band (linear between the points); with ``discrete`` (a categorical axis) a box of
+    ``width`` around each x. ``half_width`` is the claim's tolerance at each point (k·SE for |z| < k)."""
+    x, predicted, half_width = np.broadcast_arrays(*(np.asarray(v, float) for v in (x, predicted, half_width)))
+    style = {**TOLERANCE, **style}
+    if not discrete:
+        ax.fill_between(x, predicted - half_width, predicted + half_width, label=label, **style)
+        return
+    for j, (xj, pj, hj) in enumerate(zip(x, predicted, half_width)):
+        ax.fill_between([xj - width / 2, xj + width / 2], pj - hj, pj + hj, label=label if j == 0 else None, **style)
+
+
+def residual_panel(ax, x, z, bound: float, title: str, xlabel: str, *, ylabel: str = "$z$ = (measured − predicted) / SE",
+                   label: str = "measured", symbol: str = "z", logx: bool = False, **style):
+    """Standardised residuals against the claim's bound |z| < ``bound`` (shaded): where a comparison is too tight to
+    see on the scale of the values, this shows it. A marker outside the band is a FAIL. ``symbol`` names the
+    statistic in the band's label (z, t); ``x=None`` when the caller draws the markers (several series), z then only
+    sets the range."""
+    z = np.asarray(z, float)
+    ax.axhspan(-bound, bound, label=f"tolerance $|{symbol}| < {bound:.3g}$", **TOLERANCE)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    if x is not None:
+        ax.plot(x, z, **{**dict(marker="o", linestyle="none", markersize=5), **style}, label=label)
+    reach = max(1.25 * bound, 1.1 * float(np.nanmax(np.abs(z), initial=0.0)))
+    ax.set_ylim(-reach, reach)
+    finish(ax, title, xlabel, ylabel, logx=logx)
 
 
 def finish(ax, title: str, xlabel: str, ylabel: str, logx: bool = False, logy: bool = False):
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    # matplotlib's log formatter labels minor ticks only when the axis spans about a decade or less, so a short
-    # log axis keeps its numbers and a long one is not crowded
     if logx:
         ax.set_xscale("log")
+        show_all_log_ticks(ax, "x")
     if logy:
         ax.set_yscale("log")
+        show_all_log_ticks(ax, "y")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -146,28 +182,78 @@ def predicted_rate(ax, x, x0: float, y0: float, exponent: float, label: str, *, 
 
 
 def show_all_log_ticks(ax, axis: str = "y"):
-    """Numbers on a log axis that spans too little (up to a decade or two) for matplotlib to number it well by
-    itself: ticks at 1, 2, 5 × 10^k, or finer (1, 2, 3, 5; then every integer) until at least three fall inside the
-    data's range. Call after the data are drawn; the other minor ticks stay unlabelled."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
+    """Numbers a reader can read on a log axis, however little it spans: decades when at least three fall inside
+    the view (matplotlib's own choice of which), else ticks at 1, 2, 5 × 10^k or 1, 2, 3, 5 × 10^k if three of
+    those do, else (an axis spanning about a decade or less) evenly spaced round numbers. The choice is made at
+    every draw, so data drawn later and new limits are followed; :func:`finish` installs it on every log axis.
+    Minor ticks stay unlabelled."""
     target = ax.yaxis if axis == "y" else ax.xaxis
-    low, high = sorted(ax.get_ylim() if axis == "y" else ax.get_xlim())
-    for subs in ((1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), tuple(float(k) for k in range(1, 10))):
-        decades = np.arange(np.floor(np.log10(low)), np.ceil(np.log10(high)) + 1)
-        inside = [m * 10**e for e in decades for m in subs if low <= m * 10**e <= high]
-        if len(inside) >= 3:
-            break
-    target.set_major_locator(LogLocator(base=10, subs=subs))
-    target.set_major_formatter(FuncFormatter(_log_tick_label))
+    target.set_major_locator(_ReadableLogLocator())
+    target.set_major_formatter(_ReadableLogFormatter())
     target.set_minor_formatter(NullFormatter())
 
 
+LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0))
+MIN_LOG_LABELS = 3
+
+
+def _log_subs(low: float, high: float) -> tuple | None:
+    """The coarsest of :data:`LOG_SUBS` that puts at least three ticks inside [low, high]; None if none does (an
+    axis spanning about a decade or less, better numbered evenly)."""
+    decades = np.arange(np.floor(np.log10(low)), np.ceil(np.log10(high)) + 1)
+    for subs in LOG_SUBS:
+        if sum(low <= m * 10.0**e <= high for e in decades for m in subs) >= MIN_LOG_LABELS:
+            return subs
+    return None
+
+
+class _ReadableLogLocator(LogLocator):
+    """Major ticks of :func:`show_all_log_ticks`."""
+
+    def __init__(self):
+        super().__init__(base=10.0, subs=(1.0,))
+
+    def tick_values(self, vmin, vmax):
+        low, high = sorted((vmin, vmax))
+        if not (np.isfinite(low) and np.isfinite(high)) or low <= 0 or high <= low:
+            return super().tick_values(vmin, vmax)
+        subs = _log_subs(low, high)
+        if subs is None:  # a decade or less: evenly spaced round numbers, as on a linear axis, cover it best
+            for bins in (4, 6, 9, 12):
+                ticks = MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+                if np.sum((ticks >= low) & (ticks <= high)) >= MIN_LOG_LABELS:
+                    break
+            return ticks[ticks > 0]
+        if subs == (1.0,):
+            return super().tick_values(vmin, vmax)
+        decades = np.arange(np.floor(np.log10(low)) - 1, np.ceil(np.log10(high)) + 2)
+        return np.array([m * 10.0**e for e in decades for m in subs])
+
+
+class _ReadableLogFormatter(Formatter):
+    """Labels of :func:`show_all_log_ticks`: 10^k when every tick in view is a decade, else :func:`_log_tick_label`."""
+
+    decades_only = True
+
+    def set_locs(self, locs):
+        super().set_locs(locs)
+        low, high = sorted(self.axis.get_view_interval()) if self.axis is not None else (-np.inf, np.inf)
+        inside = [v for v in locs if v > 0 and low <= v <= high]
+        self.decades_only = all(abs(np.log10(v) - np.round(np.log10(v))) < 1e-9 for v in inside)
+
+    def __call__(self, value, position=None):
+        if value <= 0:
+            return ""
+        if self.decades_only:
+            return rf"$\mathdefault{{10^{{{int(np.round(np.log10(value)))}}}}}$"
+        return _log_tick_label(value)
+
+
 def _log_tick_label(value: float, _position=None) -> str:
-    """A tick number: plain between 10⁻³ and 10⁴ (0.05, 200), else in mathtext (6×10⁵)."""
+    """A tick number: plain between 10⁻⁴ and 10⁵ (0.0005, 200), else in mathtext (6×10⁵)."""
     if value <= 0:
         return ""
-    if 1e-3 <= value < 1e4:
+    if 1e-4 <= value < 1e5:
         return f"{value:g}"
     exponent = int(np.floor(np.log10(value) + 1e-9))
     mantissa = value / 10.0**exponent

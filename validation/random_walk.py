@@ -167,8 +167,13 @@ def optimal_accuracy(seed, K, N, ps, steps, mc):
         plots.theory_line(ax, grid, np.maximum(grid, 1 - grid), label=r"Bayes accuracy $\max(p, 1-p)$")
         for config, marker in zip(dict.fromkeys(r["config"] for r in rows), "os"):
             chosen = [r for r in rows if r["config"] == config]
-            plots.simulation_points(ax, [r["p"] for r in chosen], [r["accuracy"] for r in chosen],
-                                    [r["standard_error"] for r in chosen], marker=marker, label=config)
+            if all(r["standard_error"] == 0.0 for r in chosen):  # exact: a marker, no error bar to suggest one
+                ax.plot([r["p"] for r in chosen], [r["accuracy"] for r in chosen], marker=marker, linestyle="none",
+                        label=config)
+            else:
+                plots.simulation_points(ax, [r["p"] for r in chosen], [r["accuracy"] for r in chosen],
+                                        [r["standard_error"] for r in chosen], k=Z_TOLERANCE, marker=marker,
+                                        label=f"{config} (±{Z_TOLERANCE:g} SE: the tolerance)")
         plots.finish(ax, "Accuracy after reduced GD from zero", "$p$", "accuracy")
         plots.legend_outside(ax)
         return fig

@@ -390,12 +390,15 @@ def render_figures(results: list[CheckResult], *, dpi: int = FIGURE_DPI, formats
 
 
 def draw_figure(result: CheckResult, formats: tuple = ("png",), *, dpi: int = FIGURE_DPI) -> dict[str, bytes]:
-    """The claim's figure, built once, saved as PNG and in each of ``formats``: format -> bytes."""
+    """The claim's figure, built once, saved as PNG and in each of ``formats``: format -> bytes. Each drawing is
+    checked for layout defects (:func:`attnflow.validation.figure_check.save` warns of them)."""
+    from . import figure_check
+
     figure = result.figure()
     drawn = {}
     for form in dict.fromkeys(("png", *formats)):
         buffer = io.BytesIO()
-        figure.savefig(buffer, format=form, dpi=dpi)
+        figure_check.save(figure, buffer, dpi=dpi, format=form, name=result.name)
         drawn[form] = buffer.getvalue()
     return drawn
 

@@ -68,16 +68,23 @@ def closed_forms_match_monte_carlo(seed, samples, chunks):
     worst = max(rows, key=lambda r: r["ratio"])
 
     def figure():
+        # one column per quantity, one marker per point: every line and marker is named in the legend
         fig, ax = plots.figure(width=6.4)
-        labels = [f"{r['quantity']}\n{r['point']}" for r in rows]
-        ax.plot(range(len(rows)), [r["ratio"] for r in rows], "o", label="Monte Carlo: " + r"$\|\hat G - G\|^2 / \sum SE^2$")
+        quantities = list(dict.fromkeys(r["quantity"] for r in rows))
+        names = dict(loss="risk $R$", grad_V=r"$\nabla_V R$", grad_Q=r"$\nabla_Q R$", G_V="$G_V$ (B.8)",
+                     G_Q="$G_Q$ (B.8)")
+        for j, (point, marker) in enumerate(zip(points, "osD")):
+            chosen = [r for r in rows if r["point"] == point]
+            ax.plot([quantities.index(r["quantity"]) + 0.15 * (j - 1) for r in chosen], [r["ratio"] for r in chosen],
+                    marker, linestyle="none", label="Monte Carlo at " + dict(
+                        generic="a generic (V, Q)", on_the_line="a point on the line",
+                        ground_truth="(P, Q*)").get(point.replace(" ", "_"), point))
         ax.axhline(1.0, **plots.THEORY, label="expected value 1 (unbiased closed form)")
-        ax.axhline(Z_TOLERANCE ** 2, color="tab:red", ls=":", label=f"tolerance {Z_TOLERANCE ** 2:g}")
-        ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=90)
-        plots.finish(ax, "Closed forms against Monte Carlo of the data model", "", "standardised squared error",
-                     logy=True)
+        ax.axhline(Z_TOLERANCE ** 2, color="tab:red", ls=":", label=f"tolerance {Z_TOLERANCE ** 2:g} ({Z_TOLERANCE:g} SE)")
+        ax.set_xticks(range(len(quantities)), [names.get(q, q) for q in quantities])
+        plots.finish(ax, "Closed forms against Monte Carlo of the data model", "",
+                     r"$\|\hat G - G\|^2 / \sum SE^2$", logy=True)
         plots.legend_below(ax, ncols=2)
-        ax.get_legend().set_bbox_to_anchor((0.5, -0.55))
         return fig
 
     return Outcome(
@@ -1107,15 +1114,22 @@ def noise_band_matches_minibatch(seed, batches, runs, steps, n_contexts):
             rows.append(row)
 
     def figure():
+        # at the tested steps the band's prediction carries the t test's acceptance interval, bound × the combined
+        # SE of the runs and the band (= bound·|measured − predicted|/|t|); elsewhere the means are shown bare
         fig, axes = plots.figure(ncols=2, width=5.0, height=4.0)
         for (B, band, e, a), color, marker in zip(curves, ("tab:blue", "tab:orange", "tab:green"), "osD"):
             t = band.steps
-            for ax, k, predicted, name in ((axes[0], 0, band.e_V, r"$\|\Delta V\|_\mu^2$"),
-                                           (axes[1], 1, band.e_Q, r"$\|\Delta Q\|_\mu^2$")):
+            tested = [r for r in rows if r["batch"] == B]
+            for ax, k, predicted, name, key in ((axes[0], 0, band.e_V, r"$\|\Delta V\|_\mu^2$", "e_V"),
+                                                (axes[1], 1, band.e_Q, r"$\|\Delta Q\|_\mu^2$", "e_Q")):
                 mean = e[:, k].mean(axis=0)
-                se = e[:, k].std(axis=0, ddof=1) / np.sqrt(runs)
-                plots.simulation_points(ax, t[1:], mean[1:], se[1:], label=f"B = {B}: minibatch, mean of {runs}",
-                                        color=color, marker=marker)
+                ax.plot(t[1:], mean[1:], marker=marker, linestyle="none", markersize=4, color=color,
+                        label=f"B = {B}: minibatch, mean of {runs}")
+                plots.tolerance_band(ax, [r["step"] for r in tested], [r[f"{key}_predicted"] for r in tested],
+                                     [r[f"{key}_bound"] * abs(r[f"{key}_measured"] - r[f"{key}_predicted"])
+                                      / max(abs(r[f"{key}_t"]), 1e-300) for r in tested],
+                                     discrete=True, width=2.0, color=color, alpha=0.3,
+                                     label=f"B = {B}: tolerance at the tested steps")
                 plots.theory_line(ax, t[1:], predicted[1:], label=f"B = {B}: noise band", color=color)
                 if k == 0:
                     ax.plot(t[1:], band.paper_e_V[1:], color=color, linestyle=":", linewidth=1.2,
@@ -1226,7 +1240,7 @@ def critical_batch_from_band(seed, Ts, seeds, c1, tracking, residual, n_contexts
         mean_first = first[0].mean(axis=1)
         ax.plot(Ts, measured, "s", color="tab:red", label=f"minibatch search: 90% of {seeds} seeds succeed")
         ax.plot(Ts, mean_first, "o", color="tab:orange", markerfacecolor="none",
-                label=f"minibatch search: mean first success (fitted)")
+                label="minibatch search: mean first success (fitted)")
         plots.theory_line(ax, Ts, predicted, label="noise band: 90% inside the exit state")
         plots.predicted_rate(ax, np.array(Ts, float), Ts[0], mean_first[0], fit.estimate,
                              f"fitted exponent {fit.estimate:.2f} [{fit.low:.2f}, {fit.high:.2f}]", color="tab:orange",
