@@ -319,8 +319,9 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_and_keeps_what_finished(env
 def test_calibrate_full_runs_the_full_setting_and_keeps_its_rows_apart(env, tmp_path):
     table, store = tmp_path / "calibration-full.md", tmp_path / "store"
     single = json.loads(attnflow(env, "calibrate", "slow.claim_0", "--full", "--seeds", "3", "--jobs", "2",
-                                 "--store", str(store), "--json", "--no-progress").stdout)
+                                 "--store", str(store), "--json", "--no-progress", expect=1).stdout)
     assert single["setting"] == "full" and single["seeds"] == 3 and single["alarms"] == 0
+    assert single["verdict"] == "too few seeds"  # three seeds cannot tell; the table's twenty below can
     attnflow(env, "calibrate", "--full", "--table", str(table), "slow.claim_0", "--seeds", "20", "--jobs", "2",
              "--store", str(store), "--no-progress")
     rows = json.loads(table.with_suffix(".json").read_text())["claims"]
