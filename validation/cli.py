@@ -506,7 +506,13 @@ def _command_sweep(args) -> int:
               file=sys.stderr)
     if args.plot:
         x, y = result.values(result.law.y, result.law.x)
-        _save(plots.scaling_figure(x, y, fit, result.law, result.target), args.plot)
+        figure = plots.scaling_figure(x, y, fit, result.law, result.target)
+        if result.law.kind == "loglog":  # the grid's own values: matplotlib's minor labels overlap within a decade
+            from matplotlib.ticker import NullFormatter
+
+            figure.axes[0].set_xticks(x, [f"{value:g}" for value in x])
+            figure.axes[0].xaxis.set_minor_formatter(NullFormatter())
+        _save(figure, args.plot)
     return 0 if passed else 1
 
 
