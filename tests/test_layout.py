@@ -97,7 +97,7 @@ def test_the_front_door():
     assert {"gd_beta", "one_nn", "random_walk", "group_sparse", "scb"} <= set(attnflow.system_keys())
 
 
-CITATION = re.compile(r"docs/(?P<doc>[a-z_]+)\.md,?\s+§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
+CITATION = re.compile(r"docs/(?P<doc>[a-z0-9_]+)\.md,?\s+§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
 BARE_CITATION = re.compile(r"(?<!md )(?<!md, )§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
 HEADING = re.compile(r"^#{2,4}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 
