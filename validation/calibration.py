@@ -5,11 +5,12 @@ statistical basis). Run over N independent runs (replicate i is exactly ``attnfl
 random instance included, so a failing seed can be replayed; on the sweep machinery, so the run is resumable and
 parallel with joblib or Dask), the number of outcomes that are not the registered one is Binomial(N, rate) (when
 the stated rate depends on the random instance, the nominal rate is its mean over the seeds: the probability that
-a random seed fails). The exact Clopper–Pearson interval for that rate is set against the nominal one: a claim is calibrated when the interval does not lie wholly above the nominal rate, the point
-estimate is at most the nominal rate or 1%, whichever is larger (a rate far below 1% cannot be resolved by a few
-hundred seeds, so 1% is the resolution asked of them), and the interval lies below 20%: with fewer seeds than
-that takes (17 without a failure) the interval cannot tell a calibrated claim from one that fails one run in five,
-and the verdict is "too few seeds", with the number needed. An ERROR is counted as a false alarm and listed.
+a random seed fails). The exact Clopper–Pearson interval for that rate is set against the nominal one: a claim is
+calibrated when the interval does not lie wholly above the nominal rate, the point estimate is at most the nominal
+rate or 1%, whichever is larger (a rate far below 1% cannot be resolved by a few hundred seeds, so 1% is the
+resolution asked of them), and the interval lies below 20%: with fewer seeds than that takes (17 without a
+failure) the interval cannot tell a calibrated claim from one that fails one run in five, and the verdict is "too
+few seeds", with the number needed. An ERROR is counted as a false alarm and listed.
 
 :func:`suite_alarm_rate` reads the table the other way: how often a correct installation's ``attnflow check``
 exits 1 at a seed other than the default, because some claim failed by chance.
