@@ -375,3 +375,56 @@ def test_the_index_links_every_page_once():
     assert all((DOCS / t.partition("#")[0]).exists() for t in linked)
     assert "(docs/index.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
+
+# ==================================================================================================
+# Notebooks: stored with outputs that a fresh run reproduces
+# ==================================================================================================
+
+def _notebook_check():
+    """notebooks/conftest.py, which compares a notebook nbmake just ran with the stored one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebook_check", ROOT / "notebooks" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_every_notebook_is_stored_with_its_outputs(notebook):
+    """A code host shows a notebook as stored: it stores figures, and every cell that ends by showing a value has
+    it stored. (That a fresh run shows what is stored, cell by cell, is checked when nbmake runs the notebook.)"""
+    import nbformat
+
+    stored = nbformat.read(str(notebook), as_version=4)
+    cells = [cell for cell in stored.cells if cell.cell_type == "code"]
+    assert any("image/png" in output.get("data", {}) for cell in cells for output in cell.outputs)
+    showing = [cell for cell in cells if re.search(r"^\w+\s*$", cell.source.strip().splitlines()[-1])]
+    assert all(cell.outputs for cell in showing), [cell.source[-60:] for cell in showing if not cell.outputs]
+
+
+def test_a_fresh_run_that_prints_other_numbers_is_caught():
+    """The comparison nbmake's run goes through: identical outputs pass; a number two units of its last digit off,
+    a figure no longer drawn, or a cell stored without the output it shows are each named."""
+    import copy
+
+    import nbformat
+
+    check = _notebook_check()
+    stored = nbformat.read(str(ROOT / "notebooks" / "ccmc.ipynb"), as_version=4)
+    assert check.differences(stored, copy.deepcopy(stored)) == []
+    printing = next(i for i, c in enumerate(stored.cells) if c.cell_type == "code" and "tokens above 1%" in c.source)
+    fresh = copy.deepcopy(stored)
+    output = next(o for o in fresh.cells[printing].outputs if o.output_type == "stream")
+    text = "".join(output.text)
+    number = re.search(r"simulation \(mean over runs\) (\d+\.\d\d)", text).group(1)
+    output.text = text.replace(number, f"{float(number) + 0.02:.2f}")
+    assert len(check.differences(stored, fresh)) == 1
+    drawing = next(i for i, c in enumerate(stored.cells) if c.cell_type == "code"
+                   and any("image/png" in o.get("data", {}) for o in c.outputs))
+    fresh = copy.deepcopy(stored)
+    fresh.cells[drawing].outputs = []
+    assert len(check.differences(stored, fresh)) == 1
+    bare = copy.deepcopy(stored)
+    bare.cells[drawing].outputs = []
+    assert "stores no output" in check.differences(bare, stored)[0]
