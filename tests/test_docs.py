@@ -220,9 +220,10 @@ def _findings(listing) -> set:
 
 def test_the_readme_counts_systems_claims_and_findings_as_registered(listing):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    claims, papers = re.search(r"It checks (\d+) claims of (\w+) papers", readme).groups()
+    claims, papers = re.search(r"It\s+checks\s+(\d+)\s+claims\s+of\s+(\w+)\s+papers", readme).groups()
     assert (int(claims), _number(papers)) == (sum(map(len, listing.values())), len(listing))
-    statements = re.search(r"(\w+) paper statements do not hold as stated(.*?)A reproduced finding", readme, re.S)
+    statements = re.search(r"(\w+)\s+paper\s+statements\s+do\s+not\s+hold\s+as\s+stated(.*?)A\s+reproduced\s+finding",
+                           readme, re.S)
     assert _number(statements.group(1)) == len(_findings(listing))
     assert set(re.findall(r"`(\w+\.\w+)`", statements.group(2))) == _findings(listing)
     rows = re.findall(r"^\| `(\w+)` \|.*\| (\d+) claims(?:, (\w+) (?:a )?registered findings?)?", readme, re.M)
@@ -234,9 +235,9 @@ def test_the_readme_counts_systems_claims_and_findings_as_registered(listing):
 
 def test_the_cli_docs_count_claims_systems_and_findings_as_registered(listing):
     text = (DOCS / "cli.md").read_text(encoding="utf-8")
-    claims, names = re.search(r"all (\d+) claims of the (\w+) systems", text).groups()
+    claims, names = re.search(r"all\s+(\d+)\s+claims\s+of\s+the\s+(\w+)\s+systems", text).groups()
     assert (int(claims), _number(names)) == (sum(map(len, listing.values())), len(listing))
-    count, named = re.search(r"On the built-in defaults there are (\w+):(.*?)\.\n", text, re.S).groups()
+    count, named = re.search(r"On\s+the\s+built-in\s+defaults\s+there\s+are\s+(\w+):(.*?)\.\n", text, re.S).groups()
     assert _number(count) == len(_findings(listing))
     assert set(re.findall(r"`(\w+\.\w+)`", named)) == _findings(listing)
 
