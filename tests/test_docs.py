@@ -38,13 +38,10 @@ def _number(word: str) -> int:
 # Commands that run for minutes, or need what a test machine does not have, are parsed as the command line would
 # parse them (their names and grid resolved too) instead of run. Every other printed command runs.
 EXPENSIVE = {
-    "attnflow check gd-beta --json": "gd_beta's 13 quick claims: 45 s of CPU (each claim runs in the suite's own "
-                                     "tests)",
+    "attnflow check gd-beta --json": "gd_beta's 13 quick claims: 45 s of CPU",
     "attnflow solve attention_svm": "the default random instance's SVMs: 17 s of CPU",
     "attnflow sweep gd_beta.lsa_gap --grid N=10,20 --seeds 2": "four runs of a 5 s claim: 28 s of CPU",
-    "attnflow check random-walk --full": "random_walk's 7 claims at paper scale: 50 s of CPU (docs/cli.md's store "
-                                         "example runs the same check-then-report at the quick setting)",
-    "attnflow report attnflow-full random-walk --full --out rw-full": "reads the store the command above fills",
+    "attnflow check attention_svm": "its 22 quick claims: 11 s of CPU (tests/test_attention_svm.py runs each)",
     "attnflow check --full --store attnflow-full": "the whole suite at paper scale: about an hour of one core",
     "attnflow report attnflow-full --full --out full-report": "reads the store the paper-scale run fills",
 }
