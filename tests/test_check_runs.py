@@ -3,7 +3,6 @@ finish, an interrupted or killed run keeps them and resumes, and a report is reb
 import ast
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -238,20 +237,6 @@ def test_bad_check_and_report_input_is_one_line_and_exit_2(env, tmp_path, args, 
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_the_store_example_of_the_cli_docs_runs_as_printed(tmp_path):
-    text = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
-    section = text[text.index("### The store"):]
-    block = section[section.index("```\n") + 4:]
-    commands = block[:block.index("```")].strip().splitlines()
-    assert [c.split()[:2] for c in commands] == [["attnflow", "check"], ["attnflow", "report"]]
-    for command in commands:
-        result = subprocess.run([sys.executable, "-m", "attnflow.validation.cli", *command.split()[1:]],
-                                capture_output=True, text=True, timeout=600, cwd=tmp_path)
-        assert result.returncode == 0, result.stderr
-    assert (tmp_path / "random-walk-report" / "report.html").is_file()
-    assert "report of 7 stored claims" in result.stderr  # every random_walk claim, from the store
-
-
 def test_batches_keep_a_systems_short_claims_together_and_start_longest_first():
     def task(name, seconds):
         return claim_runs.ClaimTask(name, "quick", 0, "code", "libraries", expected=seconds)
@@ -289,19 +274,6 @@ def test_an_empty_numba_cache_makes_every_system_cold_and_a_filled_one_none(tmp_
     assert cold() == sorted(set(systems.system_keys()) - {"random_walk"})
 
 
-def test_the_readmes_check_and_report_examples_run_as_printed(tmp_path):
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    wanted = ('attnflow check -k "svm and not rank"', "attnflow check random-walk --full", "attnflow report attnflow-full")
-    lines = [line.split("  #")[0].strip() for line in readme.splitlines() if line.startswith(wanted)]
-    assert len(lines) == 3, lines
-    for line in lines:
-        result = subprocess.run([sys.executable, "-m", "attnflow.validation.cli", *shlex.split(line)[1:]],
-                                capture_output=True, text=True, timeout=900, cwd=tmp_path)
-        assert result.returncode == 0, (line, result.stderr)
-    assert "report of 7 stored claims" in result.stderr
-    assert (tmp_path / "rw-full" / "report.html").is_file() and len(list((tmp_path / "attnflow-full").glob("*.json"))) == 7
-
-
 def test_a_worker_that_dies_ends_the_run_in_one_line_and_keeps_what_finished(env, tmp_path):
     store = tmp_path / "store"
     # the plugin's claims have no measured times, so they start in the registry's order: claim_5 starts last
@@ -319,8 +291,9 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_and_keeps_what_finished(env
 def test_calibrate_full_runs_the_full_setting_and_keeps_its_rows_apart(env, tmp_path):
     table, store = tmp_path / "calibration-full.md", tmp_path / "store"
     single = json.loads(attnflow(env, "calibrate", "slow.claim_0", "--full", "--seeds", "3", "--jobs", "2",
-                                 "--store", str(store), "--json", "--no-progress").stdout)
+                                 "--store", str(store), "--json", "--no-progress", expect=1).stdout)
     assert single["setting"] == "full" and single["seeds"] == 3 and single["alarms"] == 0
+    assert single["verdict"] == "too few seeds"  # three seeds cannot tell; the table's twenty below can
     attnflow(env, "calibrate", "--full", "--table", str(table), "slow.claim_0", "--seeds", "20", "--jobs", "2",
              "--store", str(store), "--no-progress")
     rows = json.loads(table.with_suffix(".json").read_text())["claims"]

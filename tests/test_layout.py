@@ -101,7 +101,7 @@ def test_the_front_door():
     assert len(own) == 9 and own <= set(attnflow.system_keys())
 
 
-CITATION = re.compile(r"docs/(?P<doc>[a-z_]+)\.md,?\s+§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
+CITATION = re.compile(r"docs/(?P<doc>[a-z0-9_]+)\.md,?\s+§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
 BARE_CITATION = re.compile(r"(?<!md )(?<!md, )§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
 HEADING = re.compile(r"^#{2,4}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 

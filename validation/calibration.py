@@ -5,9 +5,15 @@ statistical basis). Run over N independent runs (replicate i is exactly ``attnfl
 random instance included, so a failing seed can be replayed; on the sweep machinery, so the run is resumable and
 parallel with joblib or Dask), the number of outcomes that are not the registered one is Binomial(N, rate) (when
 the stated rate depends on the random instance, the nominal rate is its mean over the seeds: the probability that
-a random seed fails). The exact Clopper–Pearson interval for that rate is set against the nominal one: a claim is calibrated when the interval does not lie wholly above the nominal rate and the point
-estimate is at most the nominal rate or 1%, whichever is larger (a rate far below 1% cannot be resolved by a few
-hundred seeds, so 1% is the resolution asked of them). An ERROR is counted as a false alarm and listed.
+a random seed fails). The exact Clopper–Pearson interval for that rate is set against the nominal one: a claim is
+calibrated when the interval does not lie wholly above the nominal rate, the point estimate is at most the nominal
+rate or 1%, whichever is larger (a rate far below 1% cannot be resolved by a few hundred seeds, so 1% is the
+resolution asked of them), and the interval lies below 20%: with fewer seeds than that takes (17 without a
+failure) the interval cannot tell a calibrated claim from one that fails one run in five, and the verdict is "too
+few seeds", with the number needed. An ERROR is counted as a false alarm and listed.
+
+:func:`suite_alarm_rate` reads the table the other way: how often a correct installation's ``attnflow check``
+exits 1 at a seed other than the default, because some claim failed by chance.
 
 A calibration table (docs/calibration.md, with its machine-readable twin docs/calibration.json) collects one
 entry per stochastic claim; :func:`write_table` rewrites both after every claim, so a long run loses nothing.
@@ -35,8 +41,6 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnflow import seeding
-
 try:  # POSIX advisory locks; without them (Windows) calibrations into one table must not run side by side
     import fcntl
 except ImportError:  # pragma: no cover
@@ -46,11 +50,16 @@ from . import engine, sweep, systems
 from .report import platform
 from .stats import clopper_pearson
 
-__all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "TABLE_SCHEMA", "read_table", "write_table",
+__all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "CEILING", "verdict", "seeds_needed",
+           "SuiteAlarmRate", "suite_alarm_rate", "TABLE_SCHEMA", "read_table", "write_table",
            "update_table", "table_entry", "render_table", "verify_row", "rewitness_row", "platform",
            "claim_source_digest", "WITNESSES"]
 
 RESOLUTION = 0.01  # the smallest false-FAIL rate a calibration is asked to resolve
+# The rate a calibration must exclude to say anything: the interval's upper end must lie below 20%, a check that
+# fails one run in five. Zero failures in 6 seeds leave [0, 46%], which cannot tell a calibrated claim from a
+# broken one; 17 clean seeds reach 19.5%, 26 seeds with one failure 19.6%.
+CEILING = 0.2
 # The fewest seeds a row of the published table may rest on: 200 for every claim that costs under a second or so
 # per seed, fewer for the slow ones (the row states its count, and its interval is correspondingly wider).
 MIN_TABLE_SEEDS = 20
@@ -81,15 +90,41 @@ class Calibration:
         return self.alarms / self.seeds
 
     @property
+    def verdict(self) -> str:
+        return verdict(self.alarms, self.seeds, self.nominal)
+
+    @property
     def calibrated(self) -> bool:
-        nominal = self.nominal or 0.0
-        return self.low <= nominal and self.rate <= max(nominal, RESOLUTION)
+        return self.verdict == "calibrated"
 
     def as_dict(self) -> dict:
         return dict(claim=self.claim, seeds=self.seeds, alarms=self.alarms, errors=self.errors, rate=self.rate,
                     interval=[self.low, self.high], level=LEVEL, nominal=self.nominal, calibrated=self.calibrated,
+                    verdict=self.verdict,
+                    seeds_needed=seeds_needed(self.alarms) if self.verdict == "too few seeds" else None,
                     computed=self.computed, reused=self.reused, seconds_per_seed=round(self.seconds, 3),
                     failing_seeds=list(self.failing_seeds), setting=self.setting)
+
+
+def verdict(alarms: int, seeds: int, nominal: float | None) -> str:
+    """"MISCALIBRATED" when ``alarms`` in ``seeds`` show a false-FAIL rate above the nominal one (the exact interval
+    lies wholly above it, or the measured rate exceeds the nominal rate or RESOLUTION, whichever is larger);
+    otherwise "too few seeds" when the interval reaches CEILING or beyond, so that the seeds cannot tell; otherwise
+    "calibrated". A claim that states no rate (None) is held to 0."""
+    low, high = clopper_pearson(alarms, seeds, LEVEL)
+    nominal = nominal or 0.0
+    if low > nominal or alarms / seeds > max(nominal, RESOLUTION):
+        return "MISCALIBRATED"
+    return "too few seeds" if high >= CEILING else "calibrated"
+
+
+def seeds_needed(alarms: int) -> int:
+    """The fewest seeds whose interval, with ``alarms`` among them, lies below CEILING: how far a calibration with
+    too few seeds must be extended if none of the new seeds fails."""
+    seeds = max(alarms, 1)
+    while clopper_pearson(alarms, seeds, LEVEL)[1] >= CEILING:
+        seeds += 1
+    return seeds
 
 
 def calibrate(claim: str, *, seeds: int, first_seed: int, store=None, n_jobs: int = -1,
@@ -394,7 +429,8 @@ def _code(row: dict) -> str:
 
 def render_table(rows: list[dict]) -> str:
     """docs/calibration.md: how the table is made, then one row per stochastic claim."""
-    calibrated = sum(row["calibrated"] for row in rows)
+    verdicts = [verdict(row["alarms"], row["seeds"], row["nominal"]) for row in rows]
+    calibrated = verdicts.count("calibrated")
     full = any(row.get("setting") == "full" for row in rows)
     setting, table = ("full", "docs/calibration-full.md") if full else ("quick", "docs/calibration.md")
     lines = [
@@ -406,8 +442,11 @@ def render_table(rows: list[dict]) -> str:
         f"`attnflow check CLAIM{' --full' if full else ''} --seed s + i` (its random instance included), and counts the seeds whose outcome was not the registered one: FAIL, ERROR, or a",
         "registered finding that did not reproduce; the first of them are listed, so each can be replayed. The count is Binomial(seeds, rate); the interval is the exact",
         f"{LEVEL:.0%} Clopper–Pearson interval. A claim is **calibrated** when that interval does not lie wholly",
-        f"above its nominal rate and the measured rate is at most the nominal rate or {RESOLUTION:.0%}, whichever is",
-        "larger (a few hundred seeds cannot resolve rates far below 1%). A claim that states no rate (`—`: a",
+        f"above its nominal rate, the measured rate is at most the nominal rate or {RESOLUTION:.0%}, whichever is",
+        "larger (a few hundred seeds cannot resolve rates far below 1%), and the interval lies below",
+        f"{CEILING:.0%}: seeds whose interval reaches {CEILING:.0%} cannot tell a calibrated claim from one that fails one",
+        f"run in five, and the row says **too few seeds** with the number needed ({seeds_needed(0)} without a failure,",
+        f"{seeds_needed(1)} with one). A claim that states no rate (`—`: a",
         "threshold on a random instance that the paper says holds on every instance) is calibrated only when none of",
         "its seeds fails. A claim that measures the same at its first two seeds is deterministic and not listed.",
         "The `seeds` column gives each row's count, and its range when it did not start at seed 0 (a table may hold rows of at least",
@@ -421,7 +460,7 @@ def render_table(rows: list[dict]) -> str:
         "```",
         "",
         f"which resumes from its store after an interruption and rewrites this file and {table[:-3]}.json after",
-        f"every claim. `code` is the fingerprint of the source that computed the row (the claim's module and the",
+        "every claim. `code` is the fingerprint of the source that computed the row (the claim's module and the",
         "attnflow modules it imports): a row whose fingerprint differs from the current code's is stale. Each row also",
         f"keeps the status and measured-value digest of its first {WITNESSES} seeds; `attnflow calibrate --table",
         f"{table} --verify` reruns only those seeds for every stale row and, when they reproduce bit for",
@@ -435,14 +474,61 @@ def render_table(rows: list[dict]) -> str:
         "| claim | seeds | not as registered | rate | 95% interval | nominal | verdict | s / seed | code | failing seeds |",
         "|---|---:|---:|---:|---|---:|---|---:|---|---|",
     ]
-    for row in rows:
+    for row, found in zip(rows, verdicts):
         low, high = row["interval"]
         errors = f" ({row['errors']} ERROR)" if row["errors"] else ""
         nominal = "—" if row["nominal"] is None else f"{row['nominal']:.2g}"
-        verdict = "calibrated" if row["calibrated"] else "**MISCALIBRATED**"
+        shown = {"calibrated": "calibrated", "MISCALIBRATED": "**MISCALIBRATED**",
+                 "too few seeds": f"**too few seeds** ({seeds_needed(row['alarms'])} needed)"}[found]
         first = row.get("seed", 0)
         seeds = f"{row['seeds']} (seeds {first}–{first + row['seeds'] - 1})" if first else f"{row['seeds']}"
         lines.append(f"| `{row['claim']}` | {seeds} | {row['alarms']}{errors} | {_percent(row['rate'])} | "
-                     f"[{_percent(low)}, {_percent(high)}] | {nominal} | {verdict} | {row['seconds_per_seed']:.3g} | "
+                     f"[{_percent(low)}, {_percent(high)}] | {nominal} | {shown} | {row['seconds_per_seed']:.3g} | "
                      f"{_code(row)} | {_seed_list(row['failing_seeds'])} |")
     return "\n".join(lines) + "\n"
+
+
+# ==================================================================================================
+# The suite read from the table: how often a correct installation exits 1 at another seed
+# ==================================================================================================
+
+@dataclass(frozen=True)
+class SuiteAlarmRate:
+    first_seed: int  # the seeds first_seed … first_seed + seeds − 1 that most rows share
+    seeds: int
+    rows: int  # rows calibrated on those seeds
+    failing_seeds: tuple  # the seeds among them at which at least one of those rows was not as registered
+    low: float  # exact interval of len(failing_seeds) / seeds at LEVEL
+    high: float
+    independent: float  # 1 − Π(1 − alarms/seeds) over every row: the rows' measured rates, assumed independent
+    nominal: float  # 1 − Π(1 − nominal) over every row: what the claims' stated rates allow
+
+    @property
+    def rate(self) -> float:
+        return len(self.failing_seeds) / self.seeds
+
+
+def suite_alarm_rate(rows) -> SuiteAlarmRate:
+    """How often ``attnflow check`` (every claim at its quick setting) exits 1 at a random seed although the theory
+    holds, from the rows of a calibration table.
+
+    Replicate i of a row is ``attnflow check CLAIM --seed s + i``, and the whole suite at ``--seed s + i`` runs every
+    claim exactly so, so on the seeds most rows share the suite fails at the union of their failing seeds: a
+    measured rate, with its exact interval, that assumes nothing about how the claims' failures depend on each
+    other (the few rows calibrated on other seeds do not enter it). Beside it, the same probability from each
+    row's measured rate, and from each claim's nominal rate, under independence: 1 − Π(1 − rate_i). Deterministic
+    claims have no row: they fail at no seed."""
+    rows = list(rows)
+    if not rows:
+        raise ValueError("the calibration table has no rows")
+    ranges = [(row.get("seed", 0), row["seeds"]) for row in rows]
+    first, seeds = max(sorted(set(ranges)), key=ranges.count)
+    shared = [row for row, span in zip(rows, ranges) if span == (first, seeds)]
+    failing = tuple(sorted({seed for row in shared for seed in row["failing_seeds"]}))
+    low, high = clopper_pearson(len(failing), seeds, LEVEL)
+    independent = nominal = 1.0
+    for row in rows:
+        independent *= 1 - row["alarms"] / row["seeds"]
+        nominal *= 1 - (row["nominal"] or 0.0)
+    return SuiteAlarmRate(first_seed=first, seeds=seeds, rows=len(shared), failing_seeds=failing, low=low, high=high,
+                          independent=1 - independent, nominal=1 - nominal)

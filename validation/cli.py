@@ -437,7 +437,10 @@ def _calibration_line(found) -> str:
     from . import calibration
 
     nominal = "none stated (must not fail)" if found.nominal is None else f"{found.nominal:.3g}"
-    verdict = "calibrated" if found.calibrated else "MISCALIBRATED"
+    verdict = found.verdict
+    if verdict == "too few seeds":
+        verdict += (f" (the interval reaches {calibration.CEILING:.0%} or more; "
+                    f"{calibration.seeds_needed(found.alarms)} seeds tell)")
     return (f"{found.claim}: {found.alarms} of {found.seeds} seeds not as registered ({found.errors} errors); "
             f"false-FAIL rate {found.rate:.3g}, {calibration.LEVEL:.0%} Clopper–Pearson [{found.low:.3g}, "
             f"{found.high:.3g}]; nominal {nominal}: {verdict}")
@@ -502,10 +505,11 @@ def _verify_table(args, rows) -> int:
         verdict = check(args.table, name, store=f"{args.store.rstrip('/')}/{name}", n_jobs=args.jobs,
                         scheduler=args.scheduler)
         good = verdict in fine
-        calibrated = calibration.read_table(args.table)[name]["calibrated"]
-        failing += not (good and calibrated)
+        row = calibration.read_table(args.table)[name]
+        found = calibration.verdict(row["alarms"], row["seeds"], row["nominal"])  # by the current rule
+        failing += not (good and found == "calibrated")
         advice = "" if good or "recalibrate" in verdict else ": recalibrate"
-        print(f"{name}: {verdict}{advice}" + ("" if calibrated else " (MISCALIBRATED)"), flush=True)
+        print(f"{name}: {verdict}{advice}" + ("" if found == "calibrated" else f" ({found})"), flush=True)
     return 0 if not failing else 1
 
 
@@ -564,7 +568,13 @@ def _command_sweep(args) -> int:
               file=sys.stderr)
     if args.plot:
         x, y = result.values(result.law.y, result.law.x)
-        _save(plots.scaling_figure(x, y, fit, result.law, result.target), args.plot)
+        figure = plots.scaling_figure(x, y, fit, result.law, result.target)
+        if result.law.kind == "loglog":  # the grid's own values: matplotlib's minor labels overlap within a decade
+            from matplotlib.ticker import NullFormatter
+
+            figure.axes[0].set_xticks(x, [f"{value:g}" for value in x])
+            figure.axes[0].xaxis.set_minor_formatter(NullFormatter())
+        _save(figure, args.plot)
     return 0 if passed else 1
 
 
