@@ -225,6 +225,20 @@ def test_dynamics_validation_and_reproducibility():
     assert joint.states["v"].shape == (len(joint.times), 2)
 
 
+def test_every_trainer_names_a_quantity_by_one_key():
+    """The naming rule of DESIGN.md: θ (and v) under the same key in ``states`` and ``final``, ``final`` the last
+    record, for every training algorithm."""
+    problem = P.random(3, 4, 3, seed=0)
+    W0 = dyn.initial_theta(problem, seed=1)
+    runs = [dyn.train(problem, W0, steps=50), dyn.train_kq(problem, W0, W0.T.copy(), steps=50),
+            dyn.train_relu_head(problem, np.eye(3) / np.sqrt(3), W0, steps=50),
+            dyn.train_joint(P.joint_tight(), np.zeros(2), np.ones(2), steps=50)]
+    for run in runs:
+        assert "theta" in run.final and set(run.final) <= set(run.states)
+        for key, value in run.final.items():
+            assert np.array_equal(value, run.states[key][-1])
+
+
 def test_divergence_is_reported_with_the_step():
     problem = P.random(3, 4, 3, seed=0)
     with pytest.raises(DivergenceError, match="step 1"):
@@ -339,7 +353,7 @@ def test_relu_head_training_validation():
     with pytest.raises(ValueError, match="problem"):
         dyn.train_relu_head(P.multi_input(), np.ones((3, 3)), W0)
     run = dyn.train_relu_head(problem, np.eye(3) / np.sqrt(3), W0, steps=50)
-    assert np.all(np.isfinite(run.metrics["loss"])) and run.final["W"].shape == (3, 3)
+    assert np.all(np.isfinite(run.metrics["loss"])) and run.final["theta"].shape == (3, 3)
 
 
 def test_svm_equivalence_passes_and_can_fail(monkeypatch):

@@ -818,7 +818,7 @@ def joint_tight(seed, steps):
     alpha = np.array([1, 1, 1])
     run = _joint_run(problem, steps)
     v_mm, p_mm = cf.value_svm(problem, alpha), cf.frobenius_svm(problem, alpha).theta
-    cv, cp = cf.corr(run.final["v"], v_mm), cf.corr(run.final["p"], p_mm)
+    cv, cp = cf.corr(run.final["v"], v_mm), cf.corr(run.final["theta"], p_mm)
     return Outcome(measured={"corr_v": cv, "corr_p": cp, "p_mm": _vector(p_mm), "v_mm": _vector(v_mm)},
                    predicted={"corr_v": 1.0, "corr_p": 1.0, "p_mm": "(1.333333, 0.333333)", "v_mm": "(0, 1)"},
                    labels={"corr_v": "corr(v, v^mm)", "corr_p": "corr(p, p^mm)", "p_mm": "p^mm", "v_mm": "v^mm"},
@@ -841,7 +841,7 @@ def joint_relaxed(seed, steps):
     alpha = np.array([1, 1, 1])
     run = _joint_run(problem, steps)
     p_relax, p_mm = cf.relaxed_svm(problem, alpha).theta, cf.frobenius_svm(problem, alpha).theta
-    cr, cm = cf.corr(run.final["p"], p_relax), cf.corr(run.final["p"], p_mm)
+    cr, cm = cf.corr(run.final["theta"], p_relax), cf.corr(run.final["theta"], p_mm)
 
     figure = _joint_figure(run, [(r"$p^{relax}$", p_relax, "red"), ("$p^{mm}$", p_mm, "gray")],
                            "joint training, relaxed case")
@@ -1005,7 +1005,7 @@ def _svmeq_runs(seed, d, runs, steps):
         if run.info["stationary"]:
             counts["stationary"] += 1
             continue
-        W = run.final["W"]
+        W = run.final["theta"]
         logit = cf.logits(problem, W)
         log_s = logit - np.logaddexp.reduce(logit, axis=1, keepdims=True)
         s = np.exp(log_s)
