@@ -31,7 +31,7 @@ __all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSo
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "kernel_labels", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
            "selection_svm", "selection_offset", "certified_svm", "UncertifiedSolution", "NUC_GAP",
-           "DECISION_NUC_ITERATIONS"]
+           "DECISION_NUC_ITERATIONS", "measured_offset", "log_gradient_norm"]
 
 LOSSES = ("logistic", "linear", "exp")
 INSTANCES = ("random", "single_global", "single_local", "multi_input", "two_token", "joint_tight", "joint_relaxed")
@@ -464,6 +464,25 @@ def offset_prediction(problem: AttentionSVMProblem, alpha=None) -> np.ndarray:
     return (beta @ M).reshape(problem.theta_shape())
 
 
+def measured_offset(solution: SVMSolution, theta) -> np.ndarray:
+    """The measured offset ρ = Π_V θ − <θ, θ̂^mm> θ̂^mm of an iterate θ (§6.2): its part in V = span{M_j : j ∈ S},
+    S the active set of the SVM ``solution`` (of the token choice θ selects), minus its part along θ^mm. Along GD or
+    NGD it converges to ρ* (:func:`offset_prediction`). Returns an array of θ's shape. Refuses an infeasible
+    solution (ValueError) and reads the active set only from a certified one (:class:`UncertifiedSolution`)."""
+    if not solution.feasible:
+        raise ValueError("solution: the SVM is infeasible, there is no offset")
+    if not solution.certified:
+        raise UncertifiedSolution(f"solution: the nuclear SVM's gap {solution.gap:.2g} is above the gap="
+                                  f"{solution.requested_gap:g} that certifies its active set", solution.gap)
+    theta = check.finite_array(theta, "theta")
+    if theta.size != solution.theta.size:
+        raise ValueError(f"theta must have {solution.theta.size} entries (the SVM's θ), got shape {theta.shape}")
+    basis, _ = np.linalg.qr(solution.rows[solution.active].T)
+    hat = solution.theta.ravel() / np.linalg.norm(solution.theta)
+    flat = theta.ravel()
+    return (basis @ (basis.T @ flat) - (flat @ hat) * hat).reshape(theta.shape)
+
+
 def two_token_offset(C: float, loss: str) -> float:
     """Closed form of §6.2 for the two-token toy: p2* = ½ log(C|ℓ'(C)|/|ℓ'(1)|)."""
     C = check.real(C, "C", minimum=0.0, strict=True)
@@ -703,11 +722,22 @@ def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = 
     """Loss L(θ) = (1/n)Σ ℓ(Y_i f_i) and ∇_θ L (§2.3) at θ (p: (d,), W: (d, d)).
 
     Returns ``loss``, ``log_loss``, ``gradient`` (underflows to 0 far out), ``direction`` ∇L/||∇L|| (exact at any
-    ||θ||), ``log_gradient_scale`` (log of the factor e^c) and ``unsat`` = max_i(1 − max_t s_it)."""
+    ||θ||), ``log_gradient_scale`` (log of the factor e^c), ``log_gradient_norm`` log||∇L|| (finite where the
+    gradient underflows, :func:`log_gradient_norm`) and ``unsat`` = max_i(1 − max_t s_it)."""
     l = logits(problem, theta)
     a = problem.X @ problem.v
     D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, kernel_labels(problem), LOSS_CODE[problem.loss])
     g = np.einsum("it,itp->p", D, problem.features).reshape(problem.theta_shape())
     norm = np.linalg.norm(g)
+    with np.errstate(divide="ignore"):  # a zero gradient has log-norm −inf
+        log_norm = float(c + np.log(norm)) if np.isfinite(c) else -np.inf
     return dict(loss=float(loss), log_loss=float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,
-                direction=g / norm if norm > 0 else g, log_gradient_scale=float(c), unsat=float(unsat))
+                direction=g / norm if norm > 0 else g, log_gradient_scale=float(c), log_gradient_norm=log_norm,
+                unsat=float(unsat))
+
+
+def log_gradient_norm(problem: AttentionSVMProblem, theta) -> float:
+    """log||∇_θ L(θ)|| (§2.3), finite far out where ∇L itself underflows to 0 (||θ|| of a few hundred on the
+    instances here): with dL/dl = e^c D (:func:`log_scaled_logit_gradient`, D of order one) it is
+    c + log||Σ_it D_it Φ_it||. −inf at an exactly zero gradient."""
+    return loss_and_gradient(problem, theta)["log_gradient_norm"]

@@ -24,13 +24,13 @@ from scipy.sparse import csgraph
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.attention_svm import LOG_LOSS_CODE, log_scaled_logit_gradient
-from attnflow.closed_forms.max_margin import equality_ldp, null_space_basis, nuclear_program
+from attnflow.closed_forms.max_margin import equality_ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
 
 __all__ = ["NTPProblem", "INSTANCES", "REQUIREMENTS", "PriorityGraphs", "priority_graphs", "high_priority_mask",
            "GraphSVM", "graph_svm", "sfin_basis", "project_sfin", "reduced_loss_and_gradient", "w_fin",
-           "loss_and_gradient", "logits", "attention", "predicted_attention", "corr", "fit_radius",
-           "svm_logits", "MAX_N", "MAX_T", "MAX_K", "MAX_D"]
+           "loss_and_gradient", "log_gradient_norm", "logits", "attention", "predicted_attention", "corr",
+           "fit_radius", "svm_logits", "MAX_N", "MAX_T", "MAX_K", "MAX_D"]
 
 INSTANCES = ("paper", "mixed", "random", "cyclic_toy")
 REQUIREMENTS = ("cyclic", "acyclic", "any")
@@ -380,7 +380,27 @@ def loss_and_gradient(problem: NTPProblem, W, *, mask=None) -> dict:
     log-scaled kernel with the log-loss). ``mask`` (n, T) bool restricts every softmax to its True positions: the
     reduced loss of §4.2 with mask = O_i.
 
-    Returns ``loss``, ``log_loss``, ``gradient`` and ``logit_gradient`` (n, T) dL/dl_it."""
+    Returns ``loss``, ``log_loss``, ``gradient`` (underflows to 0 once the loss is below ~1e-308; its logarithm
+    is :func:`log_gradient_norm`) and ``logit_gradient`` (n, T) dL/dl_it."""
+    D, c, loss, log_loss = _log_scaled_gradient(problem, W, mask)
+    D = D * np.exp(c) if np.isfinite(c) else np.zeros_like(D)
+    return dict(loss=float(loss), log_loss=float(log_loss), gradient=_gradient_from_logits(problem, D),
+                logit_gradient=D)
+
+
+def log_gradient_norm(problem: NTPProblem, W, *, mask=None) -> float:
+    """log||∇_W L(W)||_F (§2.2), finite where the gradient itself underflows to 0 (‖W‖ of a few hundred along
+    W^svm): with dL/dl = e^c D from the shared log-scaled kernel (D of order one) it is c + log||E^T G_Z(D) E||_F.
+    −inf at an exactly zero gradient; ``mask`` as in :func:`loss_and_gradient`."""
+    D, c, _, _ = _log_scaled_gradient(problem, W, mask)
+    if not np.isfinite(c):
+        return -np.inf
+    with np.errstate(divide="ignore"):  # a zero gradient has log-norm −inf
+        return float(c + np.log(np.linalg.norm(_gradient_from_logits(problem, D))))
+
+
+def _log_scaled_gradient(problem: NTPProblem, W, mask):
+    """(D, c, L, log L) of the shared kernel at W, dL/dl = e^c D, with the boundary checks of W and ``mask``."""
     W = check.finite_array(W, "W")
     if np.abs(W).max(initial=0.0) > 1e100:  # logits of size 1e300 leave no finite softmax
         raise ValueError(f"W has entries of size {np.abs(W).max():.3g}; at most 1e100 keeps the logits finite")
@@ -388,16 +408,19 @@ def loss_and_gradient(problem: NTPProblem, W, *, mask=None) -> dict:
     if mask is not None:
         mask = np.asarray(mask, bool)
         if mask.shape != l.shape or not np.all(mask[problem.label_mask > 0]):
-            raise ValueError(f"mask must be an (n, T) bool array that keeps every label position")
+            raise ValueError("mask must be an (n, T) bool array that keeps every label position")
         l = np.where(mask, l, -np.inf)
     # a writable copy of the mask: the compiled kernel's signature is then the one dynamics.next_token_scc uses
     D, c, loss, log_loss, _ = log_scaled_logit_gradient(l, np.array(problem.label_mask), np.ones(problem.n),
                                                         LOG_LOSS_CODE)
-    D = D * np.exp(c) if np.isfinite(c) else np.zeros_like(D)
+    return D, c, loss, log_loss
+
+
+def _gradient_from_logits(problem: NTPProblem, D) -> np.ndarray:
+    """∇_W L = E^T G_Z E with G_Z[a, k] the sum of dL/dl_it over positions holding token a under query k (§2.2)."""
     GZ = np.zeros((problem.K, problem.K))
     np.add.at(GZ, (problem.ids, np.broadcast_to(problem.last[:, None], problem.ids.shape)), D)
-    return dict(loss=float(loss), log_loss=float(log_loss), gradient=problem.E.T @ GZ @ problem.E,
-                logit_gradient=D)
+    return problem.E.T @ GZ @ problem.E
 
 
 def reduced_loss_and_gradient(problem: NTPProblem, W, O=None) -> tuple[float, np.ndarray]:

@@ -130,16 +130,14 @@ def test_gradient_matches_finite_differences(loss, model):
     assert abs(out["loss"] - ell.mean()) < 1e-12
 
 
-def test_normalised_direction_is_exact_far_out():
-    """At ||p|| = 400 the naive gradient is lost to round-off; the log-scaled direction matches 300-digit arithmetic."""
-    problem = P.multi_input()
-    theta = 400 * cf.frobenius_svm(problem).theta / np.linalg.norm(cf.frobenius_svm(problem).theta) + [0.3, -0.2, 0]
-    direction = cf.loss_and_gradient(problem, theta)["direction"]
-    mpmath.mp.dps = 300
+def _mpmath_gradient(problem, theta, digits=300):
+    """∇L of the logistic loss from the raw definitions (softmax, head, loss) in ``digits``-digit arithmetic."""
+    mpmath.mp.dps = digits
     phi, a, Y, n = problem.features, problem.X @ problem.v, problem.Y, problem.n
-    grad = [mpmath.mpf(0)] * 3
+    P_ = phi.shape[-1]
+    grad = [mpmath.mpf(0)] * P_
     for i in range(n):
-        logit = [mpmath.fsum(mpmath.mpf(float(phi[i, t, q])) * mpmath.mpf(float(theta[q])) for q in range(3))
+        logit = [mpmath.fsum(mpmath.mpf(float(phi[i, t, q])) * mpmath.mpf(float(theta[q])) for q in range(P_))
                  for t in range(problem.T)]
         e = [mpmath.exp(x) for x in logit]
         Z = mpmath.fsum(e)
@@ -148,11 +146,50 @@ def test_normalised_direction_is_exact_far_out():
         lprime = -1 / (1 + mpmath.exp(Y[i] * f))
         for t in range(problem.T):
             w = lprime * Y[i] * s[t] * (mpmath.mpf(float(a[i, t])) - f) / n
-            for q in range(3):
+            for q in range(P_):
                 grad[q] += w * mpmath.mpf(float(phi[i, t, q]))
+    return grad
+
+
+def _far_out(problem, radius):
+    theta_mm = cf.frobenius_svm(problem).theta
+    return radius * theta_mm / np.linalg.norm(theta_mm) + [0.3, -0.2, 0]
+
+
+def test_normalised_direction_is_exact_far_out():
+    """At ||p|| = 400 the naive gradient is lost to round-off; the log-scaled direction matches 300-digit arithmetic."""
+    problem = P.multi_input()
+    theta = _far_out(problem, 400)
+    direction = cf.loss_and_gradient(problem, theta)["direction"]
+    grad = _mpmath_gradient(problem, theta)
     norm = mpmath.sqrt(mpmath.fsum(g * g for g in grad))
     exact = np.array([float(g / norm) for g in grad])
     assert np.abs(direction - exact).max() < 1e-12
+
+
+@pytest.mark.parametrize("loss", cf.LOSSES)
+@pytest.mark.parametrize("model", ["prompt", "cross"])
+def test_log_gradient_norm_is_the_log_of_the_gradient_norm(loss, model):
+    """Where ∇L is representable, log_gradient_norm is log||∇L|| of the gradient (itself checked against finite
+    differences above) to round-off."""
+    problem = P.random(3, 4, 3, seed=11, model=model, loss=loss)
+    theta = np.random.default_rng(1).normal(size=problem.theta_shape())
+    direct = np.log(np.linalg.norm(cf.loss_and_gradient(problem, theta)["gradient"]))
+    assert cf.log_gradient_norm(problem, theta) == pytest.approx(direct, rel=1e-13, abs=1e-13)
+
+
+@pytest.mark.parametrize("radius, digits", [(30.0, 300), (400.0, 300), (2000.0, 1500)])
+def test_log_gradient_norm_matches_high_precision_where_the_gradient_underflows(radius, digits):
+    """Against high-precision arithmetic of the raw definitions: at ||p|| = 30 (representable), 400 (the float
+    gradient is round-off) and 2000 (it is exactly 0: ||∇L|| ≈ e^{−2937}, far below the smallest double). The raw
+    definitions cancel: a_it − f_i is of the size of ∇L, so the digits must exceed −log₁₀||∇L|| (1276 at 2000)."""
+    problem = P.multi_input()
+    theta = _far_out(problem, radius)
+    grad = _mpmath_gradient(problem, theta, digits)
+    exact = float(mpmath.log(mpmath.sqrt(mpmath.fsum(g * g for g in grad))))
+    if radius == 2000.0:
+        assert not np.any(cf.loss_and_gradient(problem, theta)["gradient"])
+    assert cf.log_gradient_norm(problem, theta) == pytest.approx(exact, rel=1e-12)
 
 
 def test_offset_prediction_two_token_closed_form():
@@ -160,6 +197,29 @@ def test_offset_prediction_two_token_closed_form():
         for C in (1.0, 3.0, 50.0):
             rho = cf.offset_prediction(P.two_token(C, loss))
             assert abs(rho[1] - cf.two_token_offset(C, loss)) < 1e-12 and abs(rho[0]) < 1e-12
+
+
+def test_measured_offset_is_the_projection_of_section_6_2():
+    """ρ = Π_V θ − <θ, θ̂^mm>θ̂^mm against the normal equations of the support rows (an independent projection), with
+    ρ ∈ V and ρ ⟂ θ^mm; refused for an infeasible or uncertified SVM and for a θ of the wrong size."""
+    problem = P.random(4, 5, 3, seed=2)
+    sol = cf.frobenius_svm(problem)
+    theta = np.random.default_rng(0).normal(size=problem.theta_shape())
+    M = sol.rows[sol.active]
+    x = theta.ravel()
+    in_V = M.T @ np.linalg.solve(M @ M.T, M @ x)
+    hat = sol.theta.ravel() / np.linalg.norm(sol.theta)
+    expected = in_V - (x @ hat) * hat
+    rho = cf.measured_offset(sol, theta)
+    assert rho.shape == theta.shape
+    assert np.allclose(rho.ravel(), expected, atol=1e-12)
+    assert abs(rho.ravel() @ hat) < 1e-12
+    assert np.allclose(M.T @ np.linalg.lstsq(M.T, rho.ravel(), rcond=None)[0], rho.ravel(), atol=1e-12)
+    with pytest.raises(ValueError, match="theta"):
+        cf.measured_offset(sol, np.zeros(4))
+    uncertified = cf.svm(P.random(5, 5, 3, seed=1), norm="nuc", max_iterations=25)
+    with pytest.raises(cf.UncertifiedSolution):
+        cf.measured_offset(uncertified, np.zeros((3, 3)))
 
 
 def test_local_optimality_and_support_of_the_toys():

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from attnflow import seeding
 from attnflow.closed_forms import next_token_scc as cf
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.dynamics import next_token_scc as dyn
@@ -181,6 +180,49 @@ def test_loss_is_cancellation_free_far_out():
     assert 0 < exact < 1e-12
     assert abs(out["loss"] - exact) < 1e-10 * exact
     assert abs(out["log_loss"] - np.log(exact)) < 1e-9
+
+
+def test_log_gradient_norm_is_the_log_of_the_gradient_norm():
+    """Where ∇L is representable (with and without the O_i mask), log_gradient_norm is log||∇L||_F of the gradient
+    checked against finite differences above."""
+    problem = NTPProblem.mixed(seed=4)
+    W = np.random.default_rng(0).normal(size=(problem.d, problem.d))
+    for mask in (None, cf.high_priority_mask(problem)):
+        direct = np.log(np.linalg.norm(cf.loss_and_gradient(problem, W, mask=mask)["gradient"]))
+        assert cf.log_gradient_norm(problem, W, mask=mask) == pytest.approx(direct, rel=1e-13)
+
+
+def _mpmath_log_gradient_norm(problem, W, digits=60):
+    """log||∇L||_F from the raw definitions in ``digits``-digit arithmetic: dL/dl_it = (s_it − 1{x_it = y_i} s_it/u_i)/n
+    with u_i the label mass; on label positions s_it(1 − 1/u_i) = −s_it(1 − u_i)/u_i, 1 − u_i summed over the other
+    positions, so nothing cancels; ∇L = E^T G_Z E."""
+    mpmath.mp.dps = digits
+    l = cf.logits(problem, W)
+    G = mpmath.zeros(problem.K, problem.K)
+    for i in range(problem.n):
+        e = [mpmath.exp(mpmath.mpf(float(x))) for x in l[i]]
+        Z = mpmath.fsum(e)
+        s = [x / Z for x in e]
+        label = problem.label_mask[i] > 0
+        miss = mpmath.fsum(s[t] for t in range(problem.T) if not label[t])
+        u = mpmath.fsum(s[t] for t in range(problem.T) if label[t])
+        for t in range(problem.T):
+            g = -s[t] * miss / u if label[t] else s[t]
+            G[int(problem.ids[i, t]), int(problem.last[i])] += g / problem.n
+    E = mpmath.matrix(problem.E.tolist())
+    grad = E.T * G * E
+    return float(mpmath.log(mpmath.sqrt(mpmath.fsum(x * x for x in grad))))
+
+
+@pytest.mark.parametrize("radius", [5.0, 400.0, 2000.0])
+def test_log_gradient_norm_matches_high_precision_where_the_gradient_underflows(radius):
+    """Along W = R·W^svm of an acyclic instance ||∇L|| ~ e^{−R}: representable at R = 5, exactly 0 in floating point
+    at R = 2000, and log_gradient_norm equals the high-precision value at each."""
+    problem = NTPProblem.paper(seed=6, require="acyclic")
+    W = radius * cf.graph_svm(problem).W
+    if radius == 2000.0:
+        assert not np.any(cf.loss_and_gradient(problem, W)["gradient"])
+    assert cf.log_gradient_norm(problem, W) == pytest.approx(_mpmath_log_gradient_norm(problem, W), rel=1e-11)
 
 
 @pytest.mark.parametrize("problem", [NTPProblem.mixed(seed=s) for s in range(3)], ids=lambda p: p.name)

@@ -608,12 +608,7 @@ def offset_matches_prediction(seed, instances, w_steps, kq_steps):
         except ValueError as error:
             skipped.append(f"instance {j}: {error}")
             continue
-        sol = e["fro_w"]
-        M = sol.rows[sol.active]
-        basis, _ = np.linalg.qr(M.T)
-        hat = sol.theta.ravel() / np.linalg.norm(sol.theta)
-        W = e["w"].states["theta"][-1].ravel()
-        rho = basis @ (basis.T @ W) - (W @ hat) * hat
+        rho = cf.measured_offset(e["fro_w"], e["w"].states["theta"][-1]).ravel()
         rows.append(dict(instance=j, rho_star=float(np.linalg.norm(rho_star)),
                          relative_error=float(np.linalg.norm(rho - rho_star) / np.linalg.norm(rho_star))))
     errors = [r["relative_error"] for r in rows]
