@@ -22,6 +22,7 @@ from numba import njit
 
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.certificates import ROUND_OFF, UncertifiedSolution, rank_decision
 from attnflow.closed_forms.max_margin import equality_ldp, ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
 from attnflow.closed_forms.softmax import max_propagating_nan
@@ -305,6 +306,16 @@ class SVMSolution:
         return self.norm == "fro" or self.gap <= self.requested_gap
 
     @property
+    def accuracy(self) -> float:
+        """The scale of the solver's error, relative to the largest singular value: 0 for the Frobenius SVM (exact to
+        round-off), gap·||W||_*/σ_max for the nuclear one (gap·||W||_* bounds how far ||W||_* lies above the optimum,
+        so a singular value below it cannot be told from the solver's error). :func:`rank` takes it."""
+        if self.norm == "fro" or not self.feasible:
+            return 0.0
+        s = np.linalg.svd(self.theta, compute_uv=False)
+        return float(self.gap * s.sum() / s[0]) if s[0] > 0 else 0.0
+
+    @property
     def value(self) -> float:
         """||θ^mm|| in the problem's norm."""
         if not self.feasible:
@@ -349,15 +360,6 @@ def nuclear_svm(problem: AttentionSVMProblem, alpha=None, *, gap: float = NUC_GA
                        gap=out["gap"], iterations=out["iterations"], requested_gap=gap)
 
 
-class UncertifiedSolution(RuntimeError):
-    """A decision (an active set, a local-optimality verdict) was asked of a solution whose certificate did not
-    reach the level that makes it trustworthy; ``gap`` is the relative duality gap achieved."""
-
-    def __init__(self, message: str, gap: float):
-        super().__init__(message)
-        self.gap = gap
-
-
 def svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,
         max_iterations: int = 20_000) -> SVMSolution:
     """The hard-margin SVM of token choice α (default opt) in the Frobenius (``fro``) or nuclear (``nuc``) norm;
@@ -386,10 +388,14 @@ def certified_svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *
     return sol
 
 
-def rank(W, relative: float = 1e-5) -> int:
-    """Numerical rank: singular values above ``relative``·σ_max (§3.2)."""
+def rank(W, relative: float = 1e-5, *, accuracy: float = 0.0) -> int:
+    """Numerical rank: singular values above ``relative``·σ_max (§3.2). A decision, so certified: a singular value
+    below the cut must be a zero to the accuracy W is known, at most max(``certificates.ROUND_OFF``, ``accuracy``)·σ_max
+    (``accuracy``: a solver's, :attr:`SVMSolution.accuracy`); one above it is a genuine small value that the cut would
+    read as zero, and raises :class:`UncertifiedSolution` instead."""
+    accuracy = check.real(accuracy, "accuracy", minimum=0.0)
     s = np.linalg.svd(np.asarray(W, float), compute_uv=False)
-    return int(np.sum(s > relative * s[0])) if s.size and s[0] > 0 else 0
+    return rank_decision(s, relative, max(ROUND_OFF, accuracy)).require("rank")
 
 
 def support_tokens(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,

@@ -222,6 +222,23 @@ def test_measured_offset_is_the_projection_of_section_6_2():
         cf.measured_offset(uncertified, np.zeros((3, 3)))
 
 
+def test_rank_is_a_certified_decision():
+    """Singular values below the cut must be zeros to the accuracy W is known: round-off by default, a solver's
+    certified accuracy when given; a genuine small value (1e-8 of σ_max) under the cut is refused. The certified
+    rank is numpy's matrix_rank at the same cut."""
+    U, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(4, 4)))
+    V, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(4, 4)))
+    exact_zeros = (U * [2.0, 1.0, 0.0, 0.0]) @ V.T
+    assert cf.rank(exact_zeros) == 2 == np.linalg.matrix_rank(exact_zeros, tol=2e-5)
+    small = (U * [2.0, 1.0, 2e-8, 0.0]) @ V.T
+    with pytest.raises(cf.UncertifiedSolution, match="undecided"):
+        cf.rank(small)
+    assert cf.rank(small, accuracy=1e-7) == 2
+    assert cf.rank(small, relative=1e-9) == 3 == np.linalg.matrix_rank(small, tol=2e-9)
+    with pytest.raises(ValueError, match="accuracy"):
+        cf.rank(small, accuracy=-1.0)
+
+
 def test_local_optimality_and_support_of_the_toys():
     assert cf.support_tokens(P.single_global(), np.array([0])) == [[2]]
     assert not cf.is_locally_optimal(P.single_global(), np.array([1]))

@@ -880,8 +880,13 @@ def nuclear_svm_rank(seed, ds, seeds, max_iterations):
             if nuc.gap > 1e-6:
                 uncertified += 1
                 continue
-            fro_r.append(cf.rank(fro.theta))
-            nuc_r.append(cf.rank(nuc.theta))
+            try:  # a rank is a decision: certified, or the instance is counted with the uncertified ones
+                ranks = cf.rank(fro.theta), cf.rank(nuc.theta, accuracy=nuc.accuracy)
+            except cf.UncertifiedSolution:
+                uncertified += 1
+                continue
+            fro_r.append(ranks[0])
+            nuc_r.append(ranks[1])
         rows.append(dict(d=d, infeasible=infeasible, uncertified=uncertified, tied=tied, feasible=len(fro_r),
                          rank_fro=float(np.mean(fro_r)) if fro_r else float("nan"),
                          rank_nuc=float(np.mean(nuc_r)) if nuc_r else float("nan"),
@@ -1095,6 +1100,16 @@ def svm_equivalence(seed, ds, runs, steps):
 # ==================================================================================================
 
 
+def _rank_or_why_not(solution):
+    """The certified rank of an SVM solution, or why it is undecided (a decision is read only from a certificate)."""
+    if not solution.certified:
+        return f"undecided: duality gap {solution.gap:.2g} above {solution.requested_gap:g}"
+    try:
+        return cf.rank(solution.theta, accuracy=solution.accuracy)
+    except cf.UncertifiedSolution as error:
+        return f"undecided: {error}"
+
+
 def summary(problem: AttentionSVMProblem, *, seed) -> dict:
     """The SVM of the optimal tokens (``attnflow solve attention_svm``); ``seed`` is unused (no Monte Carlo)."""
     out = {"instance": problem.name, "model": problem.model, "n, T, d": f"{problem.n}, {problem.T}, {problem.d}",
@@ -1110,7 +1125,7 @@ def summary(problem: AttentionSVMProblem, *, seed) -> dict:
         out["p^mm"] = _vector(sol.theta)
     else:
         nuc = cf.nuclear_svm(problem)
-        out.update({"rank W^mm": cf.rank(sol.theta), "rank W*^mm (nuclear)": cf.rank(nuc.theta),
+        out.update({"rank W^mm": _rank_or_why_not(sol), "rank W*^mm (nuclear)": _rank_or_why_not(nuc),
                     "||W*^mm||_*": nuc.value, "nuclear duality gap": nuc.gap,
                     "corr(W^mm, W*^mm)": cf.corr(sol.theta, nuc.theta)})
     try:
