@@ -22,6 +22,7 @@ from numba import njit
 
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
+from attnflow.closed_forms.certificates import ROUND_OFF, UncertifiedSolution, rank_decision
 from attnflow.closed_forms.max_margin import equality_ldp, ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
 from attnflow.closed_forms.softmax import max_propagating_nan
@@ -31,7 +32,7 @@ __all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSo
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "kernel_labels", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
            "selection_svm", "selection_offset", "certified_svm", "UncertifiedSolution", "NUC_GAP",
-           "DECISION_NUC_ITERATIONS"]
+           "DECISION_NUC_ITERATIONS", "measured_offset", "log_gradient_norm"]
 
 LOSSES = ("logistic", "linear", "exp")
 INSTANCES = ("random", "single_global", "single_local", "multi_input", "two_token", "joint_tight", "joint_relaxed")
@@ -305,6 +306,16 @@ class SVMSolution:
         return self.norm == "fro" or self.gap <= self.requested_gap
 
     @property
+    def accuracy(self) -> float:
+        """The scale of the solver's error, relative to the largest singular value: 0 for the Frobenius SVM (exact to
+        round-off), gap·||W||_*/σ_max for the nuclear one (gap·||W||_* bounds how far ||W||_* lies above the optimum,
+        so a singular value below it cannot be told from the solver's error). :func:`rank` takes it."""
+        if self.norm == "fro" or not self.feasible:
+            return 0.0
+        s = np.linalg.svd(self.theta, compute_uv=False)
+        return float(self.gap * s.sum() / s[0]) if s[0] > 0 else 0.0
+
+    @property
     def value(self) -> float:
         """||θ^mm|| in the problem's norm."""
         if not self.feasible:
@@ -349,15 +360,6 @@ def nuclear_svm(problem: AttentionSVMProblem, alpha=None, *, gap: float = NUC_GA
                        gap=out["gap"], iterations=out["iterations"], requested_gap=gap)
 
 
-class UncertifiedSolution(RuntimeError):
-    """A decision (an active set, a local-optimality verdict) was asked of a solution whose certificate did not
-    reach the level that makes it trustworthy; ``gap`` is the relative duality gap achieved."""
-
-    def __init__(self, message: str, gap: float):
-        super().__init__(message)
-        self.gap = gap
-
-
 def svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,
         max_iterations: int = 20_000) -> SVMSolution:
     """The hard-margin SVM of token choice α (default opt) in the Frobenius (``fro``) or nuclear (``nuc``) norm;
@@ -386,10 +388,14 @@ def certified_svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *
     return sol
 
 
-def rank(W, relative: float = 1e-5) -> int:
-    """Numerical rank: singular values above ``relative``·σ_max (§3.2)."""
+def rank(W, relative: float = 1e-5, *, accuracy: float = 0.0) -> int:
+    """Numerical rank: singular values above ``relative``·σ_max (§3.2). A decision, so certified: a singular value
+    below the cut must be a zero to the accuracy W is known, at most max(``certificates.ROUND_OFF``, ``accuracy``)·σ_max
+    (``accuracy``: a solver's, :attr:`SVMSolution.accuracy`); one above it is a genuine small value that the cut would
+    read as zero, and raises :class:`UncertifiedSolution` instead."""
+    accuracy = check.real(accuracy, "accuracy", minimum=0.0)
     s = np.linalg.svd(np.asarray(W, float), compute_uv=False)
-    return int(np.sum(s > relative * s[0])) if s.size and s[0] > 0 else 0
+    return rank_decision(s, relative, max(ROUND_OFF, accuracy)).require("rank")
 
 
 def support_tokens(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *, gap: float = NUC_GAP,
@@ -462,6 +468,25 @@ def offset_prediction(problem: AttentionSVMProblem, alpha=None) -> np.ndarray:
     rhs = np.concatenate([b, [0.0]])
     beta = np.linalg.solve(system, rhs)[:k]
     return (beta @ M).reshape(problem.theta_shape())
+
+
+def measured_offset(solution: SVMSolution, theta) -> np.ndarray:
+    """The measured offset ρ = Π_V θ − <θ, θ̂^mm> θ̂^mm of an iterate θ (§6.2): its part in V = span{M_j : j ∈ S},
+    S the active set of the SVM ``solution`` (of the token choice θ selects), minus its part along θ^mm. Along GD or
+    NGD it converges to ρ* (:func:`offset_prediction`). Returns an array of θ's shape. Refuses an infeasible
+    solution (ValueError) and reads the active set only from a certified one (:class:`UncertifiedSolution`)."""
+    if not solution.feasible:
+        raise ValueError("solution: the SVM is infeasible, there is no offset")
+    if not solution.certified:
+        raise UncertifiedSolution(f"solution: the nuclear SVM's gap {solution.gap:.2g} is above the gap="
+                                  f"{solution.requested_gap:g} that certifies its active set", solution.gap)
+    theta = check.finite_array(theta, "theta")
+    if theta.size != solution.theta.size:
+        raise ValueError(f"theta must have {solution.theta.size} entries (the SVM's θ), got shape {theta.shape}")
+    basis, _ = np.linalg.qr(solution.rows[solution.active].T)
+    hat = solution.theta.ravel() / np.linalg.norm(solution.theta)
+    flat = theta.ravel()
+    return (basis @ (basis.T @ flat) - (flat @ hat) * hat).reshape(theta.shape)
 
 
 def two_token_offset(C: float, loss: str) -> float:
@@ -703,11 +728,22 @@ def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = 
     """Loss L(θ) = (1/n)Σ ℓ(Y_i f_i) and ∇_θ L (§2.3) at θ (p: (d,), W: (d, d)).
 
     Returns ``loss``, ``log_loss``, ``gradient`` (underflows to 0 far out), ``direction`` ∇L/||∇L|| (exact at any
-    ||θ||), ``log_gradient_scale`` (log of the factor e^c) and ``unsat`` = max_i(1 − max_t s_it)."""
+    ||θ||), ``log_gradient_scale`` (log of the factor e^c), ``log_gradient_norm`` log||∇L|| (finite where the
+    gradient underflows, :func:`log_gradient_norm`) and ``unsat`` = max_i(1 − max_t s_it)."""
     l = logits(problem, theta)
     a = problem.X @ problem.v
     D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, kernel_labels(problem), LOSS_CODE[problem.loss])
     g = np.einsum("it,itp->p", D, problem.features).reshape(problem.theta_shape())
     norm = np.linalg.norm(g)
+    with np.errstate(divide="ignore"):  # a zero gradient has log-norm −inf
+        log_norm = float(c + np.log(norm)) if np.isfinite(c) else -np.inf
     return dict(loss=float(loss), log_loss=float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,
-                direction=g / norm if norm > 0 else g, log_gradient_scale=float(c), unsat=float(unsat))
+                direction=g / norm if norm > 0 else g, log_gradient_scale=float(c), log_gradient_norm=log_norm,
+                unsat=float(unsat))
+
+
+def log_gradient_norm(problem: AttentionSVMProblem, theta) -> float:
+    """log||∇_θ L(θ)|| (§2.3), finite far out where ∇L itself underflows to 0 (||θ|| of a few hundred on the
+    instances here): with dL/dl = e^c D (:func:`log_scaled_logit_gradient`, D of order one) it is
+    c + log||Σ_it D_it Φ_it||. −inf at an exactly zero gradient."""
+    return loss_and_gradient(problem, theta)["log_gradient_norm"]

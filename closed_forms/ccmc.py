@@ -26,22 +26,31 @@ from numba import njit
 from scipy import optimize
 
 from . import checks as check
+from .certificates import RankDecision, UncertifiedSolution, rank_decision
 from .lapack import DGESV, solve_into
 from .parameters import Parameter, parse_parameters
 
 __all__ = ["CCMCProblem", "QUERY_VARIANTS", "GOLDEN_P", "CYCLE_P", "STOCHASTIC_TOLERANCE", "MAX_ENUMERATED_PROMPTS",
            "centred_logits", "chain_from_logits", "check_chain", "check_prompts", "key_counts", "ccmc_law",
            "positional_law", "nll_theta", "nll_gradient_theta", "all_prompts", "fisher_information", "fisher_rank",
-           "predicted_fisher_rank", "jacobians", "asymptotic_constants", "uniform_chain_constant",
-           "polya_share_moments", "fitness_exponents", "diagonal_loser_exponents", "stationary_law_of_q",
-           "invasion_rates", "fluid_rhs", "fluid_rhs_into", "pack_fluid_params", "equilibrium_on_support", "is_transversally_stable",
-           "diagonal_dominant_chain", "rank_one_chain"]
+           "fisher_rank_decision", "FISHER_RANK_CUT", "predicted_fisher_rank", "jacobians", "asymptotic_constants",
+           "uniform_chain_constant", "polya_share_moments", "fitness_exponents", "diagonal_loser_exponents",
+           "stationary_law_of_q", "invasion_rates", "fluid_rhs", "fluid_rhs_into", "pack_fluid_params",
+           "equilibrium_on_support", "EQUILIBRIUM_TOLERANCE", "StabilityVerdict", "transversal_stability",
+           "is_transversally_stable", "UncertifiedSolution", "diagonal_dominant_chain", "rank_one_chain"]
 
 QUERY_VARIANTS = ("self", "exclude")
 # Row sums of P are checked to this absolute tolerance.
 STOCHASTIC_TOLERANCE = 1e-9
 # Exact enumeration of all K^L prompts is allowed up to this many prompts (the Fisher information of §5.3).
 MAX_ENUMERATED_PROMPTS = 2_000_000
+# Eigenvalues of F below this fraction of the largest count as zero in its rank (§5.4); the pseudo-inverse of a block
+# F_a (§5.5) drops those below PSEUDO_INVERSE_CUT of the block's largest.
+FISHER_RANK_CUT = 1e-9
+PSEUDO_INVERSE_CUT = 1e-10
+# An equilibrium is accepted when max_{k∈S} |λ_k(f) − 1| is at most this (§6.5); λ is known to about this accuracy
+# there, so a transversal-stability verdict with 1 − λ_k within it of 0 is not decided.
+EQUILIBRIUM_TOLERANCE = 1e-9
 
 # The base chain of the MLE golden value (§5.5) and of the fluid-limit golden example (§6.5).
 GOLDEN_P = np.array([[.4, .3, .2, .1], [.1, .4, .3, .2], [.2, .1, .4, .3], [.3, .2, .1, .4]])
@@ -340,11 +349,21 @@ def fisher_information(P, prompts, query: str = "self", weights=None) -> np.ndar
     return _fisher(P, counts, np.ascontiguousarray(prompts[:, -1]), weights / weights.sum())
 
 
-def fisher_rank(F, relative_tolerance: float = 1e-9) -> int:
-    """Σ_a rank F_a, eigenvalues below ``relative_tolerance`` × the largest counted as 0."""
+def fisher_rank_decision(F, relative_tolerance: float = FISHER_RANK_CUT) -> RankDecision:
+    """Σ_a rank F_a (§5.4) with its certificate: eigenvalues of the blocks F_a below ``relative_tolerance`` × the
+    largest count as 0, and the decision is certified when every eigenvalue not counted is round-off of an exact zero
+    (:class:`~attnflow.closed_forms.certificates.RankDecision`: its smallest kept and largest dropped eigenvalues,
+    relative to the largest, are the margin on either side of the cut)."""
     F = check.finite_array(F, "F", ndim=3)
-    eigenvalues = np.linalg.eigvalsh(F)
-    return int((eigenvalues > relative_tolerance * max(eigenvalues.max(), 1e-300)).sum())
+    relative_tolerance = check.real(relative_tolerance, "relative_tolerance", minimum=0.0, strict=True, maximum=1.0)
+    return rank_decision(np.linalg.eigvalsh(F), relative_tolerance)
+
+
+def fisher_rank(F, relative_tolerance: float = FISHER_RANK_CUT) -> int:
+    """Σ_a rank F_a, eigenvalues below ``relative_tolerance`` × the largest counted as 0; a rank whose cut falls
+    between round-off and a genuine eigenvalue is undecided and raises :class:`UncertifiedSolution`
+    (:func:`fisher_rank_decision`)."""
+    return fisher_rank_decision(F, relative_tolerance).require("F")
 
 
 def predicted_fisher_rank(prompts, K: int, query: str = "self") -> int:
@@ -387,11 +406,16 @@ def jacobians(P) -> np.ndarray:
 def asymptotic_constants(P, F) -> dict:
     """The asymptotic MLE error constants (§5.5, eq. 5.5): n E‖Θ̂ − Θ*‖²_F → Σ_a tr F_a⁺ (centred gauge) and
     n E‖P̂ − P*‖²_F → Σ_a tr(J_a F_a⁺ J_a). F : (K, K, K) from :func:`fisher_information`; needs full coverage
-    (rank F_a = K − 1), else the error does not vanish."""
+    (rank F_a = K − 1), else the error does not vanish. A block with an eigenvalue between round-off and the
+    pseudo-inverse's cut raises :class:`UncertifiedSolution` (its inverse would be read off a rank decision that
+    the arithmetic cannot make)."""
     P = check_chain(P)
     F = check.finite_array(F, "F", shape=(P.shape[0],) * 3)
     J = jacobians(P)
-    F_plus = np.linalg.pinv(F, hermitian=True, rcond=1e-10)
+    # the pseudo-inverse decides each block's rank at its cut: certified, or UncertifiedSolution
+    for a, values in enumerate(np.linalg.eigvalsh(F)):
+        rank_decision(values, PSEUDO_INVERSE_CUT).require(f"F[{a}] (its pseudo-inverse)")
+    F_plus = np.linalg.pinv(F, hermitian=True, rcond=PSEUDO_INVERSE_CUT)
     return dict(theta=float(np.trace(F_plus, axis1=1, axis2=2).sum()),
                 chain=float(np.einsum("akj,ajl,alk->", J, F_plus, J)))
 
@@ -618,13 +642,54 @@ def equilibrium_on_support(P, support) -> np.ndarray:
 
     solution = optimize.root(residual, np.zeros(S.size), method="hybr", options=dict(xtol=1e-13))
     f = shares(solution.x)
-    if not solution.success or np.abs(residual(solution.x)).max() > 1e-9:
+    if not solution.success or np.abs(residual(solution.x)).max() > EQUILIBRIUM_TOLERANCE:
         raise ValueError(f"no equilibrium with support {S.tolist()} found")
     return f
 
 
+@dataclass(frozen=True)
+class StabilityVerdict:
+    """Transversal stability of an equilibrium f (§6.5) with its certificate: ``margin`` = 1 − max_{k ∉ supp f}
+    λ_k(f) (+inf when f covers every token), ``residual`` = max_{k ∈ supp f} |λ_k(f) − 1| (how well f is an
+    equilibrium) and ``tolerance``, the accuracy of λ below which the margin's sign is not decided."""
+
+    margin: float
+    residual: float
+    tolerance: float
+
+    @property
+    def decided(self) -> bool:
+        return abs(self.margin) > self.tolerance
+
+    @property
+    def stable(self) -> bool:
+        """No absent token can invade (every λ_k < 1 off the support), read only from a decided verdict."""
+        if not self.decided:
+            raise UncertifiedSolution(
+                f"f: an invasion rate off the support is within {self.tolerance:g} of 1 (margin {self.margin:.2g}); "
+                "whether the token can invade is not decided at the accuracy of λ", self.margin)
+        return self.margin > 0
+
+
+def transversal_stability(P, f, *, tolerance: float = EQUILIBRIUM_TOLERANCE) -> StabilityVerdict:
+    """The verdict of :func:`is_transversally_stable` with its margin (§6.5). ``f`` must be an equilibrium
+    (|λ_k(f) − 1| ≤ EQUILIBRIUM_TOLERANCE on its support, as :func:`equilibrium_on_support` returns), else
+    ValueError; a margin within ``tolerance`` of 0 leaves the verdict undecided."""
+    P = check_chain(P)
+    tolerance = check.real(tolerance, "tolerance", minimum=0.0)
+    f = _check_shares(f, P.shape[0])
+    lam = _invasion_rates(f, P, DGESV)
+    inside = f > 0
+    residual = float(np.abs(lam[inside] - 1).max())
+    if residual > EQUILIBRIUM_TOLERANCE:
+        raise ValueError(f"f is not an equilibrium: max |λ_k(f) − 1| on its support is {residual:.2g} > "
+                         f"{EQUILIBRIUM_TOLERANCE:g} (equilibrium_on_support finds one)")
+    margin = float(1 - lam[~inside].max()) if np.any(~inside) else np.inf
+    return StabilityVerdict(margin, residual, tolerance)
+
+
 def is_transversally_stable(P, f) -> bool:
-    """True when every token outside supp f has λ_k(f) < 1: no absent token can invade (§6.5)."""
-    lam = invasion_rates(f, P)
-    outside = np.asarray(f) <= 0
-    return bool(np.all(lam[outside] < 1))
+    """True when every token outside supp f has λ_k(f) < 1: no absent token can invade (§6.5). ``f`` must be an
+    equilibrium; a rate within EQUILIBRIUM_TOLERANCE of 1 raises :class:`UncertifiedSolution`
+    (:func:`transversal_stability` returns the margin)."""
+    return transversal_stability(P, f).stable

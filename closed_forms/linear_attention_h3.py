@@ -95,7 +95,9 @@ class H3Problem:
     ----------
     H : array_like, shape (d, d)   feature covariance, symmetric positive definite
     Psi : array_like, shape (d, d) task covariance Ψ, symmetric PSD
-    sigma2 : float                 label-noise variance σ² (the query's, and every example's unless ``noise``)
+    sigma2 : float                 the paper's label-noise variance σ² (§1.1): the query's σ_q², and every
+                                   example's σ_i² unless ``noise`` is given (one σ² for all, the IID design);
+                                   ``query_noise`` and ``example_noise`` read the two roles
     n : int                        number of in-context examples
     noise : array_like, shape (n,), optional   per-position noise variances σ_i² (heteroscedastic design)
     drift : array_like, shape (n, n), optional PSD drift covariance C (Cov(δ_i, δ_j) = C_ij Δ)
@@ -193,9 +195,14 @@ class H3Problem:
         """Exchangeable examples with the query's noise: the IID design of §1.1."""
         return self.noise is None and self.drift is None
 
+    @property
+    def query_noise(self) -> float:
+        """σ_q², the variance of the query's label noise ξ (§1.1-1.2): ``sigma2``."""
+        return self.sigma2
+
     @cached_property
     def example_noise(self) -> np.ndarray:
-        """σ_i², i = 1..n."""
+        """σ_i², i = 1..n: ``noise`` (§1.2), or ``sigma2`` for every example (§1.1)."""
         return _read_only(np.full(self.n, self.sigma2) if self.noise is None else np.array(self.noise))
 
     @cached_property
@@ -231,7 +238,8 @@ class H3Problem:
 
     @property
     def s(self) -> float:
-        """s = tr(HΨ) + σ² (§1)."""
+        """s = tr(HΨ) + σ² (§1): a homogeneous-design quantity (every example's noise is σ²); the closed forms that
+        use it refuse ``noise`` and ``drift``."""
         return float(np.trace(self.Psi_tilde) + self.sigma2)
 
     @cached_property
@@ -356,7 +364,7 @@ def _check_rank(problem: H3Problem, r, name: str = "r") -> int:
 def low_rank_preconditioner(problem: H3Problem, r: int) -> np.ndarray:
     """W*_r = H^{-1/2} U_r diag(ψᵢ/((n+1)ψᵢ + s))_{i<=r} U_rᵀ H^{-1/2}: the best preconditioner of rank <= r keeps
     the top r eigen-directions of Ψ̃ (§5.1)."""
-    _require_iid(problem, "the low-rank optimum")
+    _require_homogeneous(problem, "the low-rank optimum (§5.1)")
     r = _check_rank(problem, r)
     psi, U = problem.whitened_eigen
     gains = psi[:r] / ((problem.n + 1) * psi[:r] + problem.s)
@@ -365,16 +373,21 @@ def low_rank_preconditioner(problem: H3Problem, r: int) -> np.ndarray:
 
 def low_rank_optimal_risk(problem: H3Problem, r: int) -> float:
     """L*_r = L* + Σ_{i>r} nψᵢ²/((n+1)ψᵢ + s) (§5.1): s keeps the full trace, the dropped directions act as noise."""
-    _require_iid(problem, "the low-rank optimum")
+    _require_homogeneous(problem, "the low-rank optimum (§5.1)")
     r = _check_rank(problem, r)
     psi = problem.psi[r:]
     return optimal_risk(problem) + float(np.sum(problem.n * psi**2 / ((problem.n + 1) * psi + problem.s)))
 
 
-def _lora_residual(problem: H3Problem, W0) -> tuple[np.ndarray, np.ndarray]:
-    _require_iid(problem, "LoRA")
+def _require_homogeneous(problem: H3Problem, what: str) -> None:
+    """The closed forms written with s = tr(HΨ) + σ²: every example's noise is the query's σ², no drift."""
+    _require_iid(problem, what)
     if not problem.homogeneous:
-        raise ValueError("noise and drift must be absent for the LoRA closed form (§5.2)")
+        raise ValueError(f"noise and drift must be absent for {what}: it assumes every example's noise is sigma2")
+
+
+def _lora_residual(problem: H3Problem, W0) -> tuple[np.ndarray, np.ndarray]:
+    _require_homogeneous(problem, "the LoRA closed form (§5.2)")
     W0 = check.finite_array(W0, "W0", shape=(problem.d, problem.d))
     M_half = psd_power(problem.M, 0.5)
     return problem.H_half @ (optimal_preconditioner(problem) - W0) @ M_half, M_half

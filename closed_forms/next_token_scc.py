@@ -24,13 +24,15 @@ from scipy.sparse import csgraph
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.attention_svm import LOG_LOSS_CODE, log_scaled_logit_gradient
-from attnflow.closed_forms.max_margin import equality_ldp, null_space_basis, nuclear_program
+from attnflow.closed_forms.certificates import UncertifiedSolution
+from attnflow.closed_forms.max_margin import equality_ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
 
 __all__ = ["NTPProblem", "INSTANCES", "REQUIREMENTS", "PriorityGraphs", "priority_graphs", "high_priority_mask",
-           "GraphSVM", "graph_svm", "sfin_basis", "project_sfin", "reduced_loss_and_gradient", "w_fin",
-           "loss_and_gradient", "logits", "attention", "predicted_attention", "corr", "fit_radius",
-           "svm_logits", "MAX_N", "MAX_T", "MAX_K", "MAX_D"]
+           "GraphSVM", "graph_svm", "certified_graph_svm", "UncertifiedSolution", "NUC_GAP",
+           "DECISION_NUC_ITERATIONS", "sfin_basis", "project_sfin", "reduced_loss_and_gradient", "w_fin",
+           "loss_and_gradient", "log_gradient_norm", "logits", "attention", "predicted_attention", "corr",
+           "fit_radius", "svm_logits", "MAX_N", "MAX_T", "MAX_K", "MAX_D"]
 
 INSTANCES = ("paper", "mixed", "random", "cyclic_toy")
 REQUIREMENTS = ("cyclic", "acyclic", "any")
@@ -38,7 +40,13 @@ MAX_N, MAX_T, MAX_K, MAX_D = 400, 32, 64, 64
 MAX_TRIES = 10_000
 # Relative tolerance of the Gram rank test on the embeddings (rows must be linearly independent, §1).
 RANK_TOL = 1e-9
+# The nuclear Graph-SVM is certified when PDHG's relative duality gap reaches NUC_GAP. graph_svm stops at
+# max_iterations whatever the gap (the solution says whether it is certified); a caller that reads a decision off it
+# (a rank, the active edges) uses certified_graph_svm, which iterates up to DECISION_NUC_ITERATIONS and otherwise
+# refuses.
 NUC_GAP = 1e-8
+DECISION_NUC_ITERATIONS = 1_000_000
+MAX_NUC_ITERATIONS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -284,7 +292,9 @@ def _row(problem: NTPProblem, k: int, a: int, b: int) -> np.ndarray:
 class GraphSVM:
     """The Graph-SVM (§4.1): ``W`` (d, d) with ``equalities`` and ``strict`` index arrays (k, a, b), the rows
     A (equalities) and G (strict), the multipliers λ ≥ 0 (strict) and μ (equalities) with W = G^T λ + A^T μ
-    (Frobenius), the strict margins, and the norm (``fro`` or ``nuc``; ``gap`` its certified duality gap)."""
+    (Frobenius), the strict margins, and the norm (``fro`` or ``nuc``). The nuclear solution's certificate travels
+    with it: ``gap`` the relative duality gap reached after ``iterations`` PDHG iterations, ``requested_gap`` the
+    level that certifies it (``certified``)."""
 
     W: np.ndarray
     equalities: np.ndarray
@@ -296,6 +306,23 @@ class GraphSVM:
     margins: np.ndarray
     norm: str
     gap: float = 0.0
+    iterations: int = 0
+    requested_gap: float = 0.0
+
+    @property
+    def certified(self) -> bool:
+        """The Frobenius solution always (one NNLS, exact to round-off), the nuclear one when its duality gap reached
+        ``requested_gap``."""
+        return self.norm == "fro" or self.gap <= self.requested_gap
+
+    @property
+    def accuracy(self) -> float:
+        """The scale of the solver's error, relative to the largest singular value: 0 for the Frobenius solution
+        (exact to round-off), gap·||W||_*/σ_max for the nuclear one (gap·||W||_* bounds how far ||W||_* lies above
+        the optimum). A singular value below it cannot be told from the solver's error: the projection onto
+        {A W = 0} leaves values of 1e-12 to 1e-10 σ_max where the paper instances' optimum has zeros."""
+        s = np.linalg.svd(self.W, compute_uv=False)
+        return float(self.gap * s.sum() / s[0]) if self.norm == "nuc" and s[0] > 0 else 0.0
 
     @property
     def value(self) -> float:
@@ -305,15 +332,20 @@ class GraphSVM:
 
 
 def graph_svm(problem: NTPProblem, norm: str = "fro", *, graphs: PriorityGraphs | None = None,
-              max_iterations: int = 100_000) -> GraphSVM:
+              gap: float = NUC_GAP, max_iterations: int = 100_000) -> GraphSVM:
     """W^svm = argmin ||W|| s.t. (e_a − e_b)^T W e_k = 0 on edges inside an SCC of G^(k) and ≥ 1 on the strict
-    edges (§4.1), Frobenius (exact, one NNLS on the null space of the equalities) or nuclear (certified PDHG).
-    With no strict edge W^svm = 0. Always feasible for independent embeddings (§4.1).
+    edges (§4.1), Frobenius (exact, one NNLS on the null space of the equalities) or nuclear (PDHG with a
+    certificate, §4.3). With no strict edge W^svm = 0. Always feasible for independent embeddings (§4.1).
 
-    PDHG stops at the certified gap; ``max_iterations`` only bounds slow instances (one paper-size instance in a
-    50-seed calibration needed 20 000–100 000 iterations, 1 s)."""
+    PDHG stops at the relative duality gap ``gap``, or after ``max_iterations`` (one paper-size instance in a
+    50-seed calibration needed 20 000–100 000 iterations, 1 s) with the gap it reached: the solution's ``certified``
+    says which. :func:`certified_graph_svm` is the entry point for a caller that reads a decision off it."""
     if norm not in ("fro", "nuc"):
         raise ValueError(f"norm must be fro or nuc, got {norm!r}")
+    gap = check.real(gap, "gap", minimum=0.0, strict=True, maximum=1.0)
+    max_iterations = check.integer(max_iterations, "max_iterations", minimum=25)
+    if max_iterations > MAX_NUC_ITERATIONS:
+        raise ValueError(f"max_iterations must be <= {MAX_NUC_ITERATIONS:.0e} (hours of PDHG), got {max_iterations}")
     graphs = priority_graphs(problem) if graphs is None else graphs
     eq, strict = graphs.edges()
     P = problem.d * problem.d
@@ -327,11 +359,26 @@ def graph_svm(problem: NTPProblem, norm: str = "fro", *, graphs: PriorityGraphs 
         raise ValueError("E: the Graph-SVM is infeasible (the embeddings are numerically dependent)")
     if norm == "fro":
         return GraphSVM(theta.reshape(problem.d, problem.d), eq, strict, A, G, lam, mu, G @ theta, "fro")
-    out = nuclear_program(G, (problem.d, problem.d), theta, lam, A=A, start_mu=mu, gap=NUC_GAP,
+    out = nuclear_program(G, (problem.d, problem.d), theta, lam, A=A, start_mu=mu, gap=gap,
                           max_iterations=max_iterations)
     if out is None:
         raise ValueError("the nuclear Graph-SVM found no feasible iterate")
-    return GraphSVM(out["theta"], eq, strict, A, G, out["lam"], out["mu"], out["margins"], "nuc", out["gap"])
+    return GraphSVM(out["theta"], eq, strict, A, G, out["lam"], out["mu"], out["margins"], "nuc", out["gap"],
+                    iterations=out["iterations"], requested_gap=gap)
+
+
+def certified_graph_svm(problem: NTPProblem, norm: str = "fro", *, graphs: PriorityGraphs | None = None,
+                        gap: float = NUC_GAP, max_iterations: int = DECISION_NUC_ITERATIONS) -> GraphSVM:
+    """:func:`graph_svm` for a caller that reads a decision off the solution (its rank, its active edges): a nuclear
+    solution whose duality gap is still above ``gap`` after ``max_iterations`` raises :class:`UncertifiedSolution`
+    with the gap it reached."""
+    sol = graph_svm(problem, norm, graphs=graphs, gap=gap, max_iterations=max_iterations)
+    if not sol.certified:
+        raise UncertifiedSolution(
+            f"the nuclear Graph-SVM stopped at relative duality gap {sol.gap:.2g} after {sol.iterations} iterations, "
+            f"above the gap={sol.requested_gap:g} that certifies it; pass max_iterations > {sol.iterations} (or a "
+            "larger gap) to decide", sol.gap)
+    return sol
 
 
 def svm_logits(problem: NTPProblem, W) -> np.ndarray:
@@ -380,7 +427,27 @@ def loss_and_gradient(problem: NTPProblem, W, *, mask=None) -> dict:
     log-scaled kernel with the log-loss). ``mask`` (n, T) bool restricts every softmax to its True positions: the
     reduced loss of §4.2 with mask = O_i.
 
-    Returns ``loss``, ``log_loss``, ``gradient`` and ``logit_gradient`` (n, T) dL/dl_it."""
+    Returns ``loss``, ``log_loss``, ``gradient`` (underflows to 0 once the loss is below ~1e-308; its logarithm
+    is :func:`log_gradient_norm`) and ``logit_gradient`` (n, T) dL/dl_it."""
+    D, c, loss, log_loss = _log_scaled_gradient(problem, W, mask)
+    D = D * np.exp(c) if np.isfinite(c) else np.zeros_like(D)
+    return dict(loss=float(loss), log_loss=float(log_loss), gradient=_gradient_from_logits(problem, D),
+                logit_gradient=D)
+
+
+def log_gradient_norm(problem: NTPProblem, W, *, mask=None) -> float:
+    """log||∇_W L(W)||_F (§2.2), finite where the gradient itself underflows to 0 (‖W‖ of a few hundred along
+    W^svm): with dL/dl = e^c D from the shared log-scaled kernel (D of order one) it is c + log||E^T G_Z(D) E||_F.
+    −inf at an exactly zero gradient; ``mask`` as in :func:`loss_and_gradient`."""
+    D, c, _, _ = _log_scaled_gradient(problem, W, mask)
+    if not np.isfinite(c):
+        return -np.inf
+    with np.errstate(divide="ignore"):  # a zero gradient has log-norm −inf
+        return float(c + np.log(np.linalg.norm(_gradient_from_logits(problem, D))))
+
+
+def _log_scaled_gradient(problem: NTPProblem, W, mask):
+    """(D, c, L, log L) of the shared kernel at W, dL/dl = e^c D, with the boundary checks of W and ``mask``."""
     W = check.finite_array(W, "W")
     if np.abs(W).max(initial=0.0) > 1e100:  # logits of size 1e300 leave no finite softmax
         raise ValueError(f"W has entries of size {np.abs(W).max():.3g}; at most 1e100 keeps the logits finite")
@@ -388,16 +455,19 @@ def loss_and_gradient(problem: NTPProblem, W, *, mask=None) -> dict:
     if mask is not None:
         mask = np.asarray(mask, bool)
         if mask.shape != l.shape or not np.all(mask[problem.label_mask > 0]):
-            raise ValueError(f"mask must be an (n, T) bool array that keeps every label position")
+            raise ValueError("mask must be an (n, T) bool array that keeps every label position")
         l = np.where(mask, l, -np.inf)
     # a writable copy of the mask: the compiled kernel's signature is then the one dynamics.next_token_scc uses
     D, c, loss, log_loss, _ = log_scaled_logit_gradient(l, np.array(problem.label_mask), np.ones(problem.n),
                                                         LOG_LOSS_CODE)
-    D = D * np.exp(c) if np.isfinite(c) else np.zeros_like(D)
+    return D, c, loss, log_loss
+
+
+def _gradient_from_logits(problem: NTPProblem, D) -> np.ndarray:
+    """∇_W L = E^T G_Z E with G_Z[a, k] the sum of dL/dl_it over positions holding token a under query k (§2.2)."""
     GZ = np.zeros((problem.K, problem.K))
     np.add.at(GZ, (problem.ids, np.broadcast_to(problem.last[:, None], problem.ids.shape)), D)
-    return dict(loss=float(loss), log_loss=float(log_loss), gradient=problem.E.T @ GZ @ problem.E,
-                logit_gradient=D)
+    return problem.E.T @ GZ @ problem.E
 
 
 def reduced_loss_and_gradient(problem: NTPProblem, W, O=None) -> tuple[float, np.ndarray]:

@@ -405,8 +405,9 @@ def train(problem: AttentionSVMProblem, theta0, *, eta: float = 0.1, steps: int 
           records: int = 60, record=None) -> Trajectory:
     """GD (θ ← θ − η∇L) or normalised GD (θ ← θ − η∇L/||∇L||) on θ = p or W (§2.4) from ``theta0``.
 
-    The Trajectory records θ_k (``states["theta"]``) at log-spaced k with ``norm`` ||θ_k||, ``unsat``
-    max_i(1 − max_t s_it) and ``loss``. A step that leaves the finite region raises DivergenceError."""
+    The Trajectory records θ_k (``states["theta"]``, ``final["theta"]`` the last) at log-spaced k with ``norm``
+    ||θ_k||, ``unsat`` max_i(1 − max_t s_it) and ``loss``. A step that leaves the finite region raises
+    DivergenceError."""
     steps, eta, record = _steps_eta(steps, eta, records, record)
     theta0 = check.finite_array(theta0, "theta0", shape=problem.theta_shape())
     a = problem.X @ problem.v
@@ -425,7 +426,9 @@ def train(problem: AttentionSVMProblem, theta0, *, eta: float = 0.1, steps: int 
 def train_kq(problem: AttentionSVMProblem, K0, Q0, *, eta: float = 0.1, steps: int = 2000, joint: bool = False,
              records: int = 60, record=None) -> Trajectory:
     """(K, Q) training with W = K Q^T (§2.4): ∇_K = G Q, ∇_Q = G^T K (G = ∇_W L), each normalised separately
-    (the papers' choice) or jointly. Records W_k, ||K||, ||Q||, unsat and loss."""
+    (the papers' choice) or jointly. Records θ_k = vec W_k as ``states["theta"]`` (shape (d, d), the key of every
+    run here, §2.1), ``norm`` ||W_k||, ``K_norm``, ``Q_norm``, ``unsat`` and ``loss``; ``final["theta"]`` is the last
+    W."""
     if problem.Z is None:
         raise ValueError("problem: (K, Q) training needs the cross-attention model (Z given)")
     steps, eta, record = _steps_eta(steps, eta, records, record)
@@ -443,14 +446,15 @@ def train_kq(problem: AttentionSVMProblem, K0, Q0, *, eta: float = 0.1, steps: i
     return Trajectory(times=record[kept].astype(float), states={"theta": Ws[kept]},
                       metrics={"norm": np.linalg.norm(Ws[kept], axis=(1, 2)), "K_norm": kn[kept],
                                "Q_norm": qn[kept], "unsat": unsat[kept], "loss": loss[kept]},
-                      info=dict(info, algorithm="kq_joint" if joint else "kq", eta=eta), final={"W": Ws[kept][-1]})
+                      info=dict(info, algorithm="kq_joint" if joint else "kq", eta=eta),
+                      final={"theta": Ws[kept][-1]})
 
 
 def train_relu_head(problem: AttentionSVMProblem, V, W0, *, eta: float = 0.1, steps: int = 2000, records: int = 60,
                     record=None) -> Trajectory:
     """Normalised GD on W for the nonlinear head f_i = 1^T ReLU(V^T X_i^T s_i), s_i = S(X_i W z_i) (§7.7); the loss is
-    the problem's. V : (d, m). Records W_k, ``norm``, ``unsat`` and ``loss``; stops early (``stationary``) at a zero
-    gradient."""
+    the problem's. V : (d, m). Records θ_k = W_k (``states["theta"]``, ``final["theta"]`` the last), ``norm``,
+    ``unsat`` and ``loss``; stops early (``stationary``) at a zero gradient."""
     if problem.Z is None:
         raise ValueError("problem: the nonlinear head needs the cross-attention model (Z given)")
     steps, eta, record = _steps_eta(steps, eta, records, record)
@@ -467,12 +471,13 @@ def train_relu_head(problem: AttentionSVMProblem, V, W0, *, eta: float = 0.1, st
     return Trajectory(times=record[kept].astype(float), states={"theta": Ws[kept]},
                       metrics={"norm": np.linalg.norm(Ws[kept], axis=(1, 2)), "unsat": unsat[kept],
                                "loss": loss[kept]},
-                      info=dict(info, algorithm="ngd_relu_head", eta=eta), final={"W": Ws[kept][-1]})
+                      info=dict(info, algorithm="ngd_relu_head", eta=eta), final={"theta": Ws[kept][-1]})
 
 
 def train_joint(problem: AttentionSVMProblem, p0, v0, *, eta: float = 0.1, steps: int = 1000, records: int = 60,
                 record=None) -> Trajectory:
-    """Joint (v, p) training of the prompt model (§2.4): NGD on p and on v, each gradient normalised."""
+    """Joint (v, p) training of the prompt model (§2.4): NGD on p and on v, each gradient normalised. Records
+    θ_k = p_k (``states["theta"]``) and v_k (``states["v"]``); ``final`` holds the last of each under the same keys."""
     if problem.Z is not None:
         raise ValueError("problem: joint (v, p) training needs the prompt model (Z = None)")
     steps, eta, record = _steps_eta(steps, eta, records, record)
@@ -486,7 +491,7 @@ def train_joint(problem: AttentionSVMProblem, p0, v0, *, eta: float = 0.1, steps
     return Trajectory(times=record[kept].astype(float), states={"theta": ps[kept], "v": vs[kept]},
                       metrics={"norm": np.linalg.norm(ps[kept], axis=1), "v_norm": np.linalg.norm(vs[kept], axis=1),
                                "unsat": unsat[kept], "loss": loss[kept]},
-                      info=dict(info, algorithm="joint", eta=eta), final={"p": ps[kept][-1], "v": vs[kept][-1]})
+                      info=dict(info, algorithm="joint", eta=eta), final={"theta": ps[kept][-1], "v": vs[kept][-1]})
 
 
 def initial_theta(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, scale: float = 1.0) -> np.ndarray:

@@ -22,12 +22,17 @@ from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
 from .montecarlo import (MonteCarloMean, RegressionPrompts, Trajectory, check_run_length, monte_carlo_mean,
                          prompt_risk)
-from .optimizers import OPTIMIZERS
+from .optimizers import FINAL_FRACTION, OPTIMIZERS
 
-__all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference", "bounded_chunk", "CHUNK_FLOATS",
-           "pgd_predict", "wpgd_predict", "attention_forward", "h3_forward", "MODELS", "VALUE_INITS", "make_model",
-           "train", "trained_predictor", "PARAMETER_NAMES", "population_trajectory",
-           "correlated_population_trajectory", "population", "minibatch"]
+__all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference",
+           "bounded_chunk", "CHUNK_FLOATS", "pgd_predict", "wpgd_predict", "attention_forward", "h3_forward",
+           "pgd_batch_gradient", "attention_batch_gradient", "h3_batch_gradient", "MODELS", "VALUE_INITS",
+           "make_model", "train", "trained_predictor", "PARAMETER_NAMES", "PROTOCOL_FINAL_FRACTION",
+           "population_trajectory", "correlated_population_trajectory", "population", "minibatch"]
+
+# The protocol of docs/linear_attention_h3.md §8.1 decays the learning rate to 2% of its initial value; the claims and
+# minibatch pass it to train, whose default is the optimisers' shared FINAL_FRACTION.
+PROTOCOL_FINAL_FRACTION = 0.02
 
 
 # ==================================================================================================================
@@ -275,6 +280,55 @@ def _h3_batch_gradient(Z, y_query, Wq, Wk, Wv, f):
     return loss / B, dWq, dWk, dWv, df
 
 
+def _check_batch(prompts: Prompts):
+    X = check.finite_array(prompts.X, "prompts.X", ndim=3)
+    B, n, d = X.shape
+    for name, shape in (("y", (B, n)), ("x_query", (B, d)), ("y_query", (B,))):
+        check.finite_array(getattr(prompts, name), f"prompts.{name}", shape=shape)
+    return B, n, d
+
+
+def _check_weights(arrays, names, shapes):
+    out = []
+    for array, name, shape in zip(arrays, names, shapes):
+        array = check.finite_array(array, name)
+        if array.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
+        out.append(np.array(array, dtype=float, order="C"))  # writable and contiguous: the kernels' one signature
+    return out
+
+
+def pgd_batch_gradient(prompts: Prompts, W) -> tuple[float, np.ndarray]:
+    """The minibatch loss (1/B) Σ_b (ŷ_b − y_q,b)² of PGD, ŷ = xᵀWXᵀy (§2.1), and its gradient in W, the step
+    :func:`train` takes for ``pgd`` (and, through W = W₀ + UVᵀ, for ``lora``; §8.1). Returns (loss, ∂loss/∂W)."""
+    _, _, d = _check_batch(prompts)
+    (W,) = _check_weights([W], ["W"], [(d, d)])
+    return _pgd_batch_gradient(prompts.X, prompts.y, prompts.x_query, prompts.y_query, W)
+
+
+def attention_batch_gradient(prompts: Prompts, Wq, Wk, v) -> tuple[float, tuple[np.ndarray, ...]]:
+    """The minibatch loss (1/B) Σ_b (ŷ_b − y_q,b)² of one linear-attention layer (§2.3; W_q, W_k of shape
+    (d+1, d_k), the value column v of length d+1) and its gradient, the step :func:`train` takes for ``attention``
+    (§8.1). Returns (loss, (∂/∂W_q, ∂/∂W_k, ∂/∂v))."""
+    _, _, d = _check_batch(prompts)
+    width = np.shape(Wq)[-1] if np.ndim(Wq) == 2 else 0
+    Wq, Wk, v = _check_weights([Wq, Wk, v], ["Wq", "Wk", "v"], [(d + 1, width), (d + 1, width), (d + 1,)])
+    loss, dWq, dWk, dv = _attention_batch_gradient(token_matrices(prompts), prompts.y_query, Wq, Wk, v)
+    return loss, (dWq, dWk, dv)
+
+
+def h3_batch_gradient(prompts: Prompts, Wq, Wk, Wv, f) -> tuple[float, tuple[np.ndarray, ...]]:
+    """The minibatch loss (1/B) Σ_b (ŷ_b − y_q,b)² of the H3 layer (§2.4; W_q, W_k, W_v of shape (d+1, m), the
+    filter f = (f_0..f_n)) and its gradient, the step :func:`train` takes for ``h3`` (§8.1). Returns
+    (loss, (∂/∂W_q, ∂/∂W_k, ∂/∂W_v, ∂/∂f))."""
+    _, n, d = _check_batch(prompts)
+    width = np.shape(Wq)[-1] if np.ndim(Wq) == 2 else 0
+    Wq, Wk, Wv, f = _check_weights([Wq, Wk, Wv, f], ["Wq", "Wk", "Wv", "f"],
+                                   [(d + 1, width), (d + 1, width), (d + 1, width), (n + 1,)])
+    loss, dWq, dWk, dWv, df = _h3_batch_gradient(token_matrices(prompts), prompts.y_query, Wq, Wk, Wv, f)
+    return loss, (dWq, dWk, dWv, df)
+
+
 class _PGDModel:
     """ŷ = xᵀWXᵀy with W trained directly, or W = W₀ + UVᵀ with W₀ frozen (a LoRA adapter of rank r, §2.6)."""
 
@@ -354,7 +408,13 @@ VALUE_INITS = ("label_copy", "random")
 
 def make_model(name: str, problem: H3Problem, rng, *, init_scale: float = 0.3, rank: int | None = None, W0=None,
                value_init: str = "label_copy"):
-    """A trainable model: ``params``, ``gradient(batch, Z) -> (loss, grads)``, ``effective() -> (W, ω or None)``."""
+    """A trainable model: ``params``, ``gradient(batch, Z) -> (loss, grads)``, ``effective() -> (W, ω or None)``.
+
+    Initial weights (§8.2), drawn from ``rng`` in this order by ``rng.standard_normal``: ``pgd`` none (W = 0);
+    ``lora`` U = 0 and then V = init_scale·N(0, 1) of shape (d, r); ``attention`` W_q, then W_k, each
+    init_scale·N(0, 1) of shape (d+1, d_k), then v = s·N(0, I_{d+1}) with s = init_scale for ``value_init="random"``
+    and s = 0.1 with its last entry set to 1 for ``"label_copy"``; ``h3`` W_q, W_k, W_v, each init_scale·N(0, 1) of
+    shape (d+1, d+1), then f = 0.3 + 0.01·N(0, I_{n+1})."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {name!r}")
     if value_init not in VALUE_INITS:
@@ -390,8 +450,11 @@ def _odd_part_risk(problem: H3Problem, W, omega) -> float:
 
 def train(problem: H3Problem, model: str, *, seed: SeedLike, steps: int = 2000, batch_size: int = 256,
           lr: float = 0.01, optimizer: str = "adam", init_scale: float = 0.3, rank: int | None = None, W0=None,
-          value_init: str = "label_copy", record_every: int | None = None, final_fraction: float = 0.02) -> Trajectory:
-    """Train ``model`` on fresh prompts, one new batch per step, with a cosine decay of ``lr`` to ``final_fraction``.
+          value_init: str = "label_copy", record_every: int | None = None,
+          final_fraction: float = FINAL_FRACTION) -> Trajectory:
+    """Train ``model`` on fresh prompts, one new batch per step, with a cosine decay of ``lr`` to ``final_fraction``
+    (default the optimisers' shared FINAL_FRACTION = 0.01; the protocol of docs/linear_attention_h3.md §8.1, which
+    the claims and :func:`minibatch` run, passes PROTOCOL_FINAL_FRACTION = 0.02).
 
     Models: ``pgd`` (W), ``attention`` (W_q, W_k, v; ``rank`` = d_k), ``h3`` (W_q, W_k, W_v, f), ``lora``
     (W = W₀ + UVᵀ, ``rank`` = r). In the iid design the metric ``risk`` is the *exact* closed-form risk of the model's
@@ -399,6 +462,13 @@ def train(problem: H3Problem, model: str, *, seed: SeedLike, steps: int = 2000, 
     (as at every optimum); ``batch_loss`` is the minibatch loss. The rag and tfa designs record ``batch_loss`` only.
     ``states`` hold the effective preconditioner ``W`` (and the weights ``omega`` of H3); ``final`` the model's
     weights. Raises ``DivergenceError`` naming the step when the loss or a parameter stops being finite.
+
+    Randomness (docs/linear_attention_h3.md §8.1): ``seed`` is split by ``seeding.spawn(seed, 2)`` into its next two
+    children (for an integer s: SeedSequence(s, spawn_key=(0,)) and (1,)). The first seeds the generator of the
+    initial weights, drawn by :func:`make_model` in the order of §8.2; the second the generator of the data, from
+    which step k = 1, …, ``steps`` draws its batch ``sample_prompts(problem, batch_size, rng)`` in turn. Each step
+    is the optimiser's (``OPTIMIZERS[optimizer](params, lr, steps, final_fraction)``) on the minibatch gradient
+    (:func:`pgd_batch_gradient`, :func:`attention_batch_gradient`, :func:`h3_batch_gradient`).
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
@@ -521,5 +591,7 @@ def population(problem: H3Problem, *, t_end: float | None = None, n_points: int 
 
 def minibatch(problem: H3Problem, *, seed: SeedLike, model: str = "attention", steps: int = 2000,
               batch_size: int = 256, lr: float = 0.01, optimizer: str = "adam", rank: int | None = None) -> Trajectory:
-    """Training on fresh prompts, one batch per step (:func:`train`)."""
-    return train(problem, model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, rank=rank)
+    """Training on fresh prompts, one batch per step, by the protocol of docs/linear_attention_h3.md §8.1
+    (:func:`train` with the learning rate decaying to PROTOCOL_FINAL_FRACTION = 2%)."""
+    return train(problem, model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, rank=rank,
+                 final_fraction=PROTOCOL_FINAL_FRACTION)

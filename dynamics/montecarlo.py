@@ -128,12 +128,14 @@ class Trajectory:
     times : ndarray, shape (n_t,)
         Continuous time for flows, step index for discrete algorithms.
     states : dict[str, ndarray]
-        Parameters or reduced coordinates, each with leading axis n_t (e.g. ``beta0`` (n_t, d)).
+        Parameters or reduced coordinates, each with leading axis n_t (e.g. ``beta0`` (n_t, d)), keyed by the
+        symbol the system's page gives them, in ASCII (``W``, ``theta`` for θ, ``xi1`` for ξ₁).
     metrics : dict[str, ndarray]
-        Named scalar series of shape (n_t,) (loss, distance to the optimum, …).
+        Named scalar series of shape (n_t,) (loss, distance to the optimum, …), snake_case names of what they
+        measure.
     final : dict[str, ndarray]
-        The parameters at the end of the run, for algorithms that record metrics along the way but keep only the
-        last parameters (SCB's (V, Q) after Algorithm 1).
+        The parameters at the end of the run (SCB's (V, Q) after Algorithm 1, a trained model's weights), under the
+        key ``states`` uses for the same quantity.
     info : dict
         Anything else worth keeping (solver cost, stage boundaries, samples used, settings).
     """

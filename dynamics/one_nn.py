@@ -189,8 +189,8 @@ def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size
     """GD on the full W ∈ R^{(d+2)×(d+2)} from diag(0, …, 0, −σ), each step on a fresh batch of prompts.
 
     Records ξ₁ = tr(W₁₁)/d, ξ₂ = −W₃₃, the distance from the manifold ‖W − P(W)‖_F (P: projection onto
-    diag(ξ₁I, 0, −ξ₂)) and the label→indicator entry W[d, d+1] whose instability docs/one_nn.md §4 describes.
-    Raises DivergenceError naming the step if W stops being finite.
+    diag(ξ₁I, 0, −ξ₂)) and the label→indicator entry W[d, d+1] whose instability docs/one_nn.md §4 describes;
+    ``final["W"]`` is the last W. Raises DivergenceError naming the step if W stops being finite.
     """
     d = problem.d
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
@@ -218,7 +218,7 @@ def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size
     return Trajectory(times=np.array(times, float), states=dict(xi1=np.array(xi1), xi2=np.array(xi2)),
                       metrics=dict(off_manifold=np.array(off), label_indicator=np.array(label_entry),
                                    batch_loss=np.array(losses)),
-                      info=dict(eta=eta, batch_size=batch_size, final_W=W))
+                      final=dict(W=W), info=dict(eta=eta, batch_size=batch_size))
 
 
 # ==================================================================================================

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule"]
+__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule", "FINAL_FRACTION"]
+
+# The default end of every cosine decay here (and of the trainers that use these optimisers): the learning rate
+# falls to this fraction of its initial value at the last step.
+FINAL_FRACTION = 0.01
 
 
-def cosine_schedule(lr: float, steps: int, final_fraction: float = 0.01) -> np.ndarray:
+def cosine_schedule(lr: float, steps: int, final_fraction: float = FINAL_FRACTION) -> np.ndarray:
     """The learning rates η₁, …, η_steps of every optimiser here: a cosine decay from ``lr`` to
     ``lr * final_fraction`` (step k uses progress k/steps)."""
     return _cosine(lr, np.minimum(np.arange(1, steps + 1) / steps, 1.0), final_fraction)
@@ -22,7 +26,7 @@ def _cosine(lr, progress, final_fraction):
 class Optimizer:
     """A step on a list of arrays in place, with the learning rates of :func:`cosine_schedule`."""
 
-    def __init__(self, params, lr, steps, final_fraction=0.01):
+    def __init__(self, params, lr, steps, final_fraction=FINAL_FRACTION):
         self.params, self.lr, self.steps, self.final = params, lr, steps, final_fraction
         self.k = 0
 
@@ -43,7 +47,7 @@ class Adam(Optimizer):
 
     beta1, beta2, eps = 0.9, 0.999, 1e-8
 
-    def __init__(self, params, lr, steps, final_fraction=0.01):
+    def __init__(self, params, lr, steps, final_fraction=FINAL_FRACTION):
         super().__init__(params, lr, steps, final_fraction)
         self.m = [np.zeros_like(p) for p in params]
         self.v = [np.zeros_like(p) for p in params]

@@ -254,7 +254,7 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
     """GD on the full (V, W) over ``sequences`` (weighted), from zero or N(0, init_scale²) entries.
 
     Records V (K, K), the weighted mean attention (N,) and the loss before the step at each recorded step; the
-    final W is in ``info['W']``. Stops with :class:`DivergenceError` naming the step if the loss leaves its domain.
+    final V and W are ``final['V']`` and ``final['W']``. Stops with :class:`DivergenceError` naming the step if the loss leaves its domain.
     """
     steps = check.integer(steps, "steps", minimum=0)
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
@@ -276,7 +276,7 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
     if failed >= 0:
         raise DivergenceError(f"full GD diverged at step {failed}: f_y + eps <= 0 or a non-finite V")
     return Trajectory(times=record.astype(float), states=dict(V=V_rec, attention=S_rec), metrics=dict(loss=loss_rec),
-                      info=dict(W=W, V=V))
+                      final=dict(V=V, W=W))
 
 
 # ==================================================================================================

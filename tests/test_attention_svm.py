@@ -131,16 +131,14 @@ def test_gradient_matches_finite_differences(loss, model):
     assert abs(out["loss"] - ell.mean()) < 1e-12
 
 
-def test_normalised_direction_is_exact_far_out():
-    """At ||p|| = 400 the naive gradient is lost to round-off; the log-scaled direction matches 300-digit arithmetic."""
-    problem = P.multi_input()
-    theta = 400 * cf.frobenius_svm(problem).theta / np.linalg.norm(cf.frobenius_svm(problem).theta) + [0.3, -0.2, 0]
-    direction = cf.loss_and_gradient(problem, theta)["direction"]
-    mpmath.mp.dps = 300
+def _mpmath_gradient(problem, theta, digits=300):
+    """∇L of the logistic loss from the raw definitions (softmax, head, loss) in ``digits``-digit arithmetic."""
+    mpmath.mp.dps = digits
     phi, a, Y, n = problem.features, problem.X @ problem.v, problem.Y, problem.n
-    grad = [mpmath.mpf(0)] * 3
+    P_ = phi.shape[-1]
+    grad = [mpmath.mpf(0)] * P_
     for i in range(n):
-        logit = [mpmath.fsum(mpmath.mpf(float(phi[i, t, q])) * mpmath.mpf(float(theta[q])) for q in range(3))
+        logit = [mpmath.fsum(mpmath.mpf(float(phi[i, t, q])) * mpmath.mpf(float(theta[q])) for q in range(P_))
                  for t in range(problem.T)]
         e = [mpmath.exp(x) for x in logit]
         Z = mpmath.fsum(e)
@@ -149,11 +147,50 @@ def test_normalised_direction_is_exact_far_out():
         lprime = -1 / (1 + mpmath.exp(Y[i] * f))
         for t in range(problem.T):
             w = lprime * Y[i] * s[t] * (mpmath.mpf(float(a[i, t])) - f) / n
-            for q in range(3):
+            for q in range(P_):
                 grad[q] += w * mpmath.mpf(float(phi[i, t, q]))
+    return grad
+
+
+def _far_out(problem, radius):
+    theta_mm = cf.frobenius_svm(problem).theta
+    return radius * theta_mm / np.linalg.norm(theta_mm) + [0.3, -0.2, 0]
+
+
+def test_normalised_direction_is_exact_far_out():
+    """At ||p|| = 400 the naive gradient is lost to round-off; the log-scaled direction matches 300-digit arithmetic."""
+    problem = P.multi_input()
+    theta = _far_out(problem, 400)
+    direction = cf.loss_and_gradient(problem, theta)["direction"]
+    grad = _mpmath_gradient(problem, theta)
     norm = mpmath.sqrt(mpmath.fsum(g * g for g in grad))
     exact = np.array([float(g / norm) for g in grad])
     assert np.abs(direction - exact).max() < 1e-12
+
+
+@pytest.mark.parametrize("loss", cf.LOSSES)
+@pytest.mark.parametrize("model", ["prompt", "cross"])
+def test_log_gradient_norm_is_the_log_of_the_gradient_norm(loss, model):
+    """Where ∇L is representable, log_gradient_norm is log||∇L|| of the gradient (itself checked against finite
+    differences above) to round-off."""
+    problem = P.random(3, 4, 3, seed=11, model=model, loss=loss)
+    theta = np.random.default_rng(1).normal(size=problem.theta_shape())
+    direct = np.log(np.linalg.norm(cf.loss_and_gradient(problem, theta)["gradient"]))
+    assert cf.log_gradient_norm(problem, theta) == pytest.approx(direct, rel=1e-13, abs=1e-13)
+
+
+@pytest.mark.parametrize("radius, digits", [(30.0, 300), (400.0, 300), (2000.0, 1500)])
+def test_log_gradient_norm_matches_high_precision_where_the_gradient_underflows(radius, digits):
+    """Against high-precision arithmetic of the raw definitions: at ||p|| = 30 (representable), 400 (the float
+    gradient is round-off) and 2000 (it is exactly 0: ||∇L|| ≈ e^{−2937}, far below the smallest double). The raw
+    definitions cancel: a_it − f_i is of the size of ∇L, so the digits must exceed −log₁₀||∇L|| (1276 at 2000)."""
+    problem = P.multi_input()
+    theta = _far_out(problem, radius)
+    grad = _mpmath_gradient(problem, theta, digits)
+    exact = float(mpmath.log(mpmath.sqrt(mpmath.fsum(g * g for g in grad))))
+    if radius == 2000.0:
+        assert not np.any(cf.loss_and_gradient(problem, theta)["gradient"])
+    assert cf.log_gradient_norm(problem, theta) == pytest.approx(exact, rel=1e-12)
 
 
 def test_offset_prediction_two_token_closed_form():
@@ -161,6 +198,46 @@ def test_offset_prediction_two_token_closed_form():
         for C in (1.0, 3.0, 50.0):
             rho = cf.offset_prediction(P.two_token(C, loss))
             assert abs(rho[1] - cf.two_token_offset(C, loss)) < 1e-12 and abs(rho[0]) < 1e-12
+
+
+def test_measured_offset_is_the_projection_of_section_6_2():
+    """ρ = Π_V θ − <θ, θ̂^mm>θ̂^mm against the normal equations of the support rows (an independent projection), with
+    ρ ∈ V and ρ ⟂ θ^mm; refused for an infeasible or uncertified SVM and for a θ of the wrong size."""
+    problem = P.random(4, 5, 3, seed=2)
+    sol = cf.frobenius_svm(problem)
+    theta = np.random.default_rng(0).normal(size=problem.theta_shape())
+    M = sol.rows[sol.active]
+    x = theta.ravel()
+    in_V = M.T @ np.linalg.solve(M @ M.T, M @ x)
+    hat = sol.theta.ravel() / np.linalg.norm(sol.theta)
+    expected = in_V - (x @ hat) * hat
+    rho = cf.measured_offset(sol, theta)
+    assert rho.shape == theta.shape
+    assert np.allclose(rho.ravel(), expected, atol=1e-12)
+    assert abs(rho.ravel() @ hat) < 1e-12
+    assert np.allclose(M.T @ np.linalg.lstsq(M.T, rho.ravel(), rcond=None)[0], rho.ravel(), atol=1e-12)
+    with pytest.raises(ValueError, match="theta"):
+        cf.measured_offset(sol, np.zeros(4))
+    uncertified = cf.svm(P.random(5, 5, 3, seed=1), norm="nuc", max_iterations=25)
+    with pytest.raises(cf.UncertifiedSolution):
+        cf.measured_offset(uncertified, np.zeros((3, 3)))
+
+
+def test_rank_is_a_certified_decision():
+    """Singular values below the cut must be zeros to the accuracy W is known: round-off by default, a solver's
+    certified accuracy when given; a genuine small value (1e-8 of σ_max) under the cut is refused. The certified
+    rank is numpy's matrix_rank at the same cut."""
+    U, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(4, 4)))
+    V, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(4, 4)))
+    exact_zeros = (U * [2.0, 1.0, 0.0, 0.0]) @ V.T
+    assert cf.rank(exact_zeros) == 2 == np.linalg.matrix_rank(exact_zeros, tol=2e-5)
+    small = (U * [2.0, 1.0, 2e-8, 0.0]) @ V.T
+    with pytest.raises(cf.UncertifiedSolution, match="undecided"):
+        cf.rank(small)
+    assert cf.rank(small, accuracy=1e-7) == 2
+    assert cf.rank(small, relative=1e-9) == 3 == np.linalg.matrix_rank(small, tol=2e-9)
+    with pytest.raises(ValueError, match="accuracy"):
+        cf.rank(small, accuracy=-1.0)
 
 
 def test_local_optimality_and_support_of_the_toys():
@@ -224,6 +301,20 @@ def test_dynamics_validation_and_reproducibility():
         assert np.all(np.isfinite(run.metrics["loss"]))
     joint = dyn.minibatch(P.joint_tight(), seed=1, algorithm="joint", steps=100)
     assert joint.states["v"].shape == (len(joint.times), 2)
+
+
+def test_every_trainer_names_a_quantity_by_one_key():
+    """The naming rule of DESIGN.md: θ (and v) under the same key in ``states`` and ``final``, ``final`` the last
+    record, for every training algorithm."""
+    problem = P.random(3, 4, 3, seed=0)
+    W0 = dyn.initial_theta(problem, seed=1)
+    runs = [dyn.train(problem, W0, steps=50), dyn.train_kq(problem, W0, W0.T.copy(), steps=50),
+            dyn.train_relu_head(problem, np.eye(3) / np.sqrt(3), W0, steps=50),
+            dyn.train_joint(P.joint_tight(), np.zeros(2), np.ones(2), steps=50)]
+    for run in runs:
+        assert "theta" in run.final and set(run.final) <= set(run.states)
+        for key, value in run.final.items():
+            assert np.array_equal(value, run.states[key][-1])
 
 
 def test_divergence_is_reported_with_the_step():
@@ -342,7 +433,7 @@ def test_relu_head_training_validation():
     with pytest.raises(ValueError, match="problem"):
         dyn.train_relu_head(P.multi_input(), np.ones((3, 3)), W0)
     run = dyn.train_relu_head(problem, np.eye(3) / np.sqrt(3), W0, steps=50)
-    assert np.all(np.isfinite(run.metrics["loss"])) and run.final["W"].shape == (3, 3)
+    assert np.all(np.isfinite(run.metrics["loss"])) and run.final["theta"].shape == (3, 3)
 
 
 def test_svm_equivalence_passes_and_can_fail(monkeypatch):

@@ -117,6 +117,51 @@ def test_predicted_rank_matches_the_numerical_rank_on_random_supports(query):
         assert cf.fisher_rank(F) == cf.predicted_fisher_rank(prompts, 5, query)
 
 
+def test_fisher_rank_is_read_only_from_a_certified_decision():
+    """The rank's certificate: on the enumerated golden support the eigenvalues not counted are round-off (≤ 1e-12
+    of the largest) and the ones counted far above the cut; a block with an eigenvalue between round-off and the cut
+    (1e-10 of the largest, a genuine value the cut would drop) makes the rank undecided, refused with the value, and
+    so is the pseudo-inverse of the asymptotic constants at its own cut."""
+    decision = cf.fisher_rank_decision(cf.fisher_information(cf.GOLDEN_P, cf.all_prompts(4, 5)))
+    assert decision.certified and decision.rank == 12
+    assert decision.largest_dropped <= 1e-12 and decision.smallest_kept > 1e3 * cf.FISHER_RANK_CUT
+    rotation = np.linalg.qr(np.random.default_rng(0).standard_normal((4, 4)))[0]
+    F = np.array([rotation @ np.diag(values) @ rotation.T for values in
+                  ([1.0, 0.5, 1e-10, 0.0], [0.8, 0.3, 0.2, 0.0], [0.7, 0.2, 0.1, 0.0], [0.6, 0.4, 0.3, 0.0])])
+    undecided = cf.fisher_rank_decision(F)
+    assert not undecided.certified and undecided.rank == 11
+    assert undecided.largest_dropped == pytest.approx(1e-10, rel=1e-4)
+    with pytest.raises(cf.UncertifiedSolution, match="undecided") as refused:
+        cf.fisher_rank(F)
+    assert refused.value.certificate == undecided.largest_dropped
+    assert cf.fisher_rank(F, relative_tolerance=1e-11) == 12  # a cut below the value counts it: certified
+    F[0] = rotation @ np.diag([1.0, 0.5, 1e-11, 0.0]) @ rotation.T  # between round-off and the pseudo-inverse's cut
+    with pytest.raises(cf.UncertifiedSolution, match="pseudo-inverse"):
+        cf.asymptotic_constants(cf.GOLDEN_P, F)
+
+
+def test_transversal_stability_carries_its_margin_and_refuses_a_tie():
+    """The margin 1 − max_{k∉S} λ_k(f) against the closed forms of §6.3–6.4 (losers of a diagonal vertex grow like
+    t^{P_wk/P_ww}, the fitness urn's like t^{v_k/v_w}); the neutral Pólya urn has λ ≡ 1, a tie that is refused; a
+    point that is not an equilibrium is refused as such."""
+    P = cf.diagonal_dominant_chain(4, 0.55)
+    verdict = cf.transversal_stability(P, [1.0, 0, 0, 0])
+    assert verdict.margin == pytest.approx(1 - cf.diagonal_loser_exponents(P, 0)[1:].max(), abs=1e-14)
+    assert verdict.decided and verdict.stable and verdict.residual < 1e-14
+    v = np.array([0.4, 1.0, 0.7])
+    unstable = cf.transversal_stability(cf.rank_one_chain(v), [1.0, 0, 0])  # token 1 is fitter than the vertex
+    assert unstable.margin == pytest.approx(1 - v.max() / v[0], abs=1e-13) and not unstable.stable
+    assert not cf.is_transversally_stable(cf.rank_one_chain(v), [1.0, 0, 0])
+    f_star = cf.equilibrium_on_support(cf.CYCLE_P, [0, 1, 2])
+    assert cf.transversal_stability(cf.CYCLE_P, f_star).margin == pytest.approx(1 - 0.471810, abs=1e-6)
+    tie = cf.transversal_stability(np.full((4, 4), 0.25), [0.5, 0.5, 0, 0])
+    assert not tie.decided and abs(tie.margin) <= cf.EQUILIBRIUM_TOLERANCE
+    with pytest.raises(cf.UncertifiedSolution, match="not decided"):
+        cf.is_transversally_stable(np.full((4, 4), 0.25), [0.5, 0.5, 0, 0])
+    with pytest.raises(ValueError, match="not an equilibrium"):
+        cf.transversal_stability(cf.CYCLE_P, [0.5, 0.25, 0.25, 0])
+
+
 def test_uniform_chain_constant_is_the_enumerated_value():
     for K, L in ((3, 6), (4, 5)):
         P = np.full((K, K), 1.0 / K)

@@ -1,6 +1,8 @@
 """Li, Rawat & Oymak (NeurIPS 2024): every closed form against brute-force Monte Carlo of its raw definition (or an
 exact identity), input validation, the models' gradients, reproducibility, and the claims (they pass at quick
 settings and fail when the theory is broken)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -207,8 +209,14 @@ def test_optimal_attention_construction_is_the_pgd_optimum():
                        dyn.pgd_predict(prompts, W_star), atol=1e-13)
 
 
+PUBLIC_GRADIENTS = {"attention": dyn.attention_batch_gradient, "h3": dyn.h3_batch_gradient,
+                    "pgd": lambda prompts, W: (lambda out: (out[0], (out[1],)))(dyn.pgd_batch_gradient(prompts, W))}
+
+
 @pytest.mark.parametrize("model", ["attention", "h3", "pgd"])
 def test_minibatch_gradients_are_the_derivatives_of_the_loss(model):
+    """The public minibatch gradients (the ones train steps on) against central differences of the minibatch loss
+    computed from the forward passes."""
     problem = cf.golden_setting_a()
     rng = np.random.default_rng(18)
     prompts = dyn.sample_prompts(problem, 9, rng)
@@ -216,7 +224,9 @@ def test_minibatch_gradients_are_the_derivatives_of_the_loss(model):
     net = dyn.make_model(model, problem, rng)
     if model == "pgd":
         net.params[0][:] = rng.standard_normal((3, 3)) / 10
-    loss, grads = net.gradient(prompts, Z)
+    loss, grads = PUBLIC_GRADIENTS[model](prompts, *net.params)
+    model_loss, model_grads = net.gradient(prompts, Z)
+    assert loss == model_loss and all(np.array_equal(a, b) for a, b in zip(grads, model_grads))
     forward = {"attention": lambda ps: dyn.attention_forward(Z, *ps), "h3": lambda ps: dyn.h3_forward(Z, *ps),
                "pgd": lambda ps: dyn.pgd_predict(prompts, ps[0])}[model]
     assert loss == pytest.approx(np.mean((forward(net.params) - prompts.y_query) ** 2), rel=1e-12)
@@ -229,6 +239,74 @@ def test_minibatch_gradients_are_the_derivatives_of_the_loss(model):
             numeric = (np.mean((forward(plus) - prompts.y_query) ** 2)
                        - np.mean((forward(minus) - prompts.y_query) ** 2)) / 2e-6
             assert grad[index] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
+
+
+def test_public_minibatch_gradients_refuse_bad_shapes():
+    problem = cf.golden_setting_a()
+    prompts = dyn.sample_prompts(problem, 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="W must have shape"):
+        dyn.pgd_batch_gradient(prompts, np.zeros((4, 4)))
+    with pytest.raises(ValueError, match="Wk must have shape"):
+        dyn.attention_batch_gradient(prompts, np.zeros((4, 4)), np.zeros((4, 3)), np.zeros(4))
+    with pytest.raises(ValueError, match="f must have shape"):
+        dyn.h3_batch_gradient(prompts, *(np.zeros((4, 4)),) * 3, np.zeros(3))
+    with pytest.raises(ValueError, match="prompts.y_query"):
+        dyn.pgd_batch_gradient(dataclasses.replace(prompts, y_query=np.zeros(3)), np.zeros((3, 3)))
+
+
+@pytest.mark.parametrize("model, optimizer, final_fraction", [("attention", "adam", None), ("h3", "sgd", 0.02),
+                                                               ("pgd", "adam", 0.02)])
+def test_a_train_run_is_reproduced_by_hand_from_the_documented_seed_split(model, optimizer, final_fraction):
+    """docs/linear_attention_h3.md §8.1: the seed's two children (spawn keys (0,) and (1,) of an integer seed) seed the
+    initial weights (§8.2) and the batches, one sample_prompts per step, each step the optimiser's on the public
+    minibatch gradient; train's default decay is the optimisers' FINAL_FRACTION. The run is rebuilt bit for bit."""
+    from attnflow.dynamics.optimizers import FINAL_FRACTION, OPTIMIZERS
+    problem = cf.golden_setting_a()
+    seed, steps, batch_size, lr = 7, 15, 32, 0.02 if optimizer == "adam" else 0.002
+    options = {} if final_fraction is None else dict(final_fraction=final_fraction)
+    run = dyn.train(problem, model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer,
+                    **options)
+    init_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0,)))
+    data_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1,)))
+    D, n = problem.d + 1, problem.n
+    if model == "pgd":
+        params = [np.zeros((problem.d, problem.d))]
+    elif model == "attention":  # W_q, W_k ~ 0.3·N(0, 1), v = (0.1·N(0, I_d), 1)
+        params = [0.3 * init_rng.standard_normal((D, D)), 0.3 * init_rng.standard_normal((D, D)),
+                  0.1 * init_rng.standard_normal(D)]
+        params[2][-1] = 1.0
+    else:  # W_q, W_k, W_v ~ 0.3·N(0, 1), f = 0.3 + 0.01·N(0, I_{n+1})
+        params = [0.3 * init_rng.standard_normal((D, D)) for _ in range(3)]
+        params.append(0.3 + 0.01 * init_rng.standard_normal(n + 1))
+    opt = OPTIMIZERS[optimizer](params, lr, steps, final_fraction if final_fraction is not None else FINAL_FRACTION)
+    for _ in range(steps):
+        _, grads = PUBLIC_GRADIENTS[model](dyn.sample_prompts(problem, batch_size, data_rng), *params)
+        opt.step(list(grads))
+    for name, value in zip(dyn.PARAMETER_NAMES[model], params):
+        assert np.array_equal(run.final[name], value), name
+    if final_fraction is None:  # the default really is the shared constant: another fraction gives other weights
+        other = dyn.train(problem, model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer,
+                          final_fraction=0.02)
+        assert not np.array_equal(other.final["Wq"], run.final["Wq"])
+
+
+def test_protocol_decay_is_what_minibatch_runs():
+    problem = cf.golden_setting_a()
+    a = dyn.minibatch(problem, seed=3, steps=10, batch_size=16)
+    b = dyn.train(problem, "attention", seed=3, steps=10, batch_size=16, final_fraction=dyn.PROTOCOL_FINAL_FRACTION)
+    assert all(np.array_equal(a.final[k], b.final[k]) for k in a.final)
+
+
+def test_sigma2_is_the_query_noise_and_the_default_example_noise():
+    """sigma2 is σ_q² always and every σ_i² in the homogeneous design; the closed forms written with s refuse
+    per-example noise (they would silently use sigma2 for the examples)."""
+    iid = cf.golden_setting_a()
+    assert iid.query_noise == iid.sigma2 and np.all(iid.example_noise == iid.sigma2)
+    hetero = iid.replace(noise=np.linspace(0.1, 2.0, iid.n))
+    assert hetero.query_noise == iid.sigma2 and np.array_equal(hetero.example_noise, np.linspace(0.1, 2.0, iid.n))
+    for function in (cf.low_rank_optimal_risk, cf.low_rank_preconditioner):
+        with pytest.raises(ValueError, match="noise and drift must be absent"):
+            function(hetero, 1)
 
 
 def test_risk_gradient_is_the_derivative_of_the_risk():

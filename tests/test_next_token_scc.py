@@ -11,6 +11,7 @@ import pytest
 from scipy import optimize
 
 from attnflow.closed_forms import next_token_scc as cf
+from attnflow.closed_forms.certificates import ROUND_OFF, rank_decision
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.dynamics import next_token_scc as dyn
 from attnflow.validation import next_token_scc as claims
@@ -104,6 +105,62 @@ def test_nuclear_graph_svm_certified_and_below_frobenius():
     assert nuc.value <= np.linalg.svd(fro.W, compute_uv=False).sum() + 1e-9
 
 
+def _burer_monteiro_nuclear_graph_svm(sol, d, starts=3, seed=0):
+    """min ½(‖U‖² + ‖V‖²) s.t. <G_j, UVᵀ> ≥ 1, <A_j, UVᵀ> = 0 by SLSQP from random starts: at a minimiser ‖UVᵀ‖_*
+    equals the objective, an independent route to the nuclear Graph-SVM (U, V full d × d). The equality rows are
+    replaced by an orthonormal basis of their span (SLSQP needs independent equalities)."""
+    rng = np.random.default_rng(seed)
+    _, sv, Vt = np.linalg.svd(sol.A) if len(sol.A) else (None, np.zeros(0), np.zeros((0, d * d)))
+    A = Vt[:int(np.sum(sv > 1e-10 * sv.max(initial=0.0)))]
+
+    def product(x):
+        return (x[:d * d].reshape(d, d) @ x[d * d:].reshape(d, d).T).ravel()
+
+    def jacobian(x, rows):  # d<R, UVᵀ>/dU = R V, d/dV = Rᵀ U
+        U, V, R = x[:d * d].reshape(d, d), x[d * d:].reshape(d, d), rows.reshape(-1, d, d)
+        return np.hstack([(R @ V).reshape(len(rows), -1), (np.transpose(R, (0, 2, 1)) @ U).reshape(len(rows), -1)])
+
+    constraints = [dict(type="ineq", fun=lambda x: sol.G @ product(x) - 1, jac=lambda x: jacobian(x, sol.G))]
+    if len(A):
+        constraints.append(dict(type="eq", fun=lambda x: A @ product(x), jac=lambda x: jacobian(x, A)))
+    best = None
+    for _ in range(starts):
+        result = optimize.minimize(lambda x: 0.5 * x @ x, 2 * rng.normal(size=2 * d * d), jac=lambda x: x,
+                                   method="SLSQP", constraints=constraints, options=dict(maxiter=5000, ftol=1e-15))
+        W = product(result.x)
+        feasible = (sol.G @ W).min() > 1 - 1e-9 and (not len(A) or np.abs(A @ W).max() < 1e-9)
+        if feasible and (best is None or result.fun < best.fun):
+            best = result
+    return product(best.x).reshape(d, d)
+
+
+def test_nuclear_graph_svm_decisions_are_read_only_from_a_certified_solution():
+    """Stopped early the nuclear Graph-SVM says it is not certified and certified_graph_svm refuses it with the gap
+    reached; the certified solution's value and active strict edges are those of an independent Burer–Monteiro solve,
+    and its multipliers vanish off the active edges (complementary slackness)."""
+    problem = NTPProblem.paper(seed=2)
+    early = cf.graph_svm(problem, "nuc", max_iterations=25)
+    assert not early.certified and early.gap > cf.NUC_GAP and early.iterations == 25
+    with pytest.raises(cf.UncertifiedSolution, match="duality gap") as refused:
+        cf.certified_graph_svm(problem, "nuc", max_iterations=25)
+    assert refused.value.gap == early.gap
+    sol = cf.certified_graph_svm(problem, "nuc")
+    assert sol.certified and sol.gap <= cf.NUC_GAP and cf.graph_svm(problem).certified
+    independent = _burer_monteiro_nuclear_graph_svm(sol, problem.d)
+    assert np.linalg.svd(independent, compute_uv=False).sum() == pytest.approx(sol.value, rel=1e-6)
+    active = np.abs(sol.margins - 1) <= 1e-4
+    assert (np.abs(sol.G @ independent.ravel() - 1) <= 1e-4).tolist() == active.tolist()
+    assert np.all(sol.lam[~active] <= 1e-6 * sol.lam.max())
+    # its rank is read at the accuracy the gap certifies, and agrees with the independent solution's
+    values = np.linalg.svd(sol.W, compute_uv=False)
+    decision = rank_decision(values, 1e-5, max(ROUND_OFF, sol.accuracy))
+    assert decision.certified and sol.accuracy >= sol.gap
+    # (SLSQP solves to about 1e-7: its zeros are read at 1e-6)
+    assert decision.rank == rank_decision(np.linalg.svd(independent, compute_uv=False), 1e-5, 1e-6).rank
+    with pytest.raises(ValueError, match="max_iterations"):
+        cf.graph_svm(problem, "nuc", max_iterations=0)
+
+
 def test_sfin_is_orthonormal_and_spans_every_scc_pair():
     problem = NTPProblem.mixed(seed=3)
     graphs = cf.priority_graphs(problem)
@@ -181,6 +238,49 @@ def test_loss_is_cancellation_free_far_out():
     assert 0 < exact < 1e-12
     assert abs(out["loss"] - exact) < 1e-10 * exact
     assert abs(out["log_loss"] - np.log(exact)) < 1e-9
+
+
+def test_log_gradient_norm_is_the_log_of_the_gradient_norm():
+    """Where ∇L is representable (with and without the O_i mask), log_gradient_norm is log||∇L||_F of the gradient
+    checked against finite differences above."""
+    problem = NTPProblem.mixed(seed=4)
+    W = np.random.default_rng(0).normal(size=(problem.d, problem.d))
+    for mask in (None, cf.high_priority_mask(problem)):
+        direct = np.log(np.linalg.norm(cf.loss_and_gradient(problem, W, mask=mask)["gradient"]))
+        assert cf.log_gradient_norm(problem, W, mask=mask) == pytest.approx(direct, rel=1e-13)
+
+
+def _mpmath_log_gradient_norm(problem, W, digits=60):
+    """log||∇L||_F from the raw definitions in ``digits``-digit arithmetic: dL/dl_it = (s_it − 1{x_it = y_i} s_it/u_i)/n
+    with u_i the label mass; on label positions s_it(1 − 1/u_i) = −s_it(1 − u_i)/u_i, 1 − u_i summed over the other
+    positions, so nothing cancels; ∇L = E^T G_Z E."""
+    mpmath.mp.dps = digits
+    l = cf.logits(problem, W)
+    G = mpmath.zeros(problem.K, problem.K)
+    for i in range(problem.n):
+        e = [mpmath.exp(mpmath.mpf(float(x))) for x in l[i]]
+        Z = mpmath.fsum(e)
+        s = [x / Z for x in e]
+        label = problem.label_mask[i] > 0
+        miss = mpmath.fsum(s[t] for t in range(problem.T) if not label[t])
+        u = mpmath.fsum(s[t] for t in range(problem.T) if label[t])
+        for t in range(problem.T):
+            g = -s[t] * miss / u if label[t] else s[t]
+            G[int(problem.ids[i, t]), int(problem.last[i])] += g / problem.n
+    E = mpmath.matrix(problem.E.tolist())
+    grad = E.T * G * E
+    return float(mpmath.log(mpmath.sqrt(mpmath.fsum(x * x for x in grad))))
+
+
+@pytest.mark.parametrize("radius", [5.0, 400.0, 2000.0])
+def test_log_gradient_norm_matches_high_precision_where_the_gradient_underflows(radius):
+    """Along W = R·W^svm of an acyclic instance ||∇L|| ~ e^{−R}: representable at R = 5, exactly 0 in floating point
+    at R = 2000, and log_gradient_norm equals the high-precision value at each."""
+    problem = NTPProblem.paper(seed=6, require="acyclic")
+    W = radius * cf.graph_svm(problem).W
+    if radius == 2000.0:
+        assert not np.any(cf.loss_and_gradient(problem, W)["gradient"])
+    assert cf.log_gradient_norm(problem, W) == pytest.approx(_mpmath_log_gradient_norm(problem, W), rel=1e-11)
 
 
 @pytest.mark.parametrize("problem", [NTPProblem.mixed(seed=s) for s in range(3)], ids=lambda p: p.name)

@@ -629,12 +629,7 @@ def offset_matches_prediction(seed, instances, w_steps, kq_steps):
         except ValueError as error:
             skipped.append(f"instance {j}: {error}")
             continue
-        sol = e["fro_w"]
-        M = sol.rows[sol.active]
-        basis, _ = np.linalg.qr(M.T)
-        hat = sol.theta.ravel() / np.linalg.norm(sol.theta)
-        W = e["w"].states["theta"][-1].ravel()
-        rho = basis @ (basis.T @ W) - (W @ hat) * hat
+        rho = cf.measured_offset(e["fro_w"], e["w"].states["theta"][-1]).ravel()
         rows.append(dict(instance=j, rho_star=float(np.linalg.norm(rho_star)),
                          relative_error=float(np.linalg.norm(rho - rho_star) / np.linalg.norm(rho_star))))
     errors = [r["relative_error"] for r in rows]
@@ -839,7 +834,7 @@ def joint_tight(seed, steps):
     alpha = np.array([1, 1, 1])
     run = _joint_run(problem, steps)
     v_mm, p_mm = cf.value_svm(problem, alpha), cf.frobenius_svm(problem, alpha).theta
-    cv, cp = cf.corr(run.final["v"], v_mm), cf.corr(run.final["p"], p_mm)
+    cv, cp = cf.corr(run.final["v"], v_mm), cf.corr(run.final["theta"], p_mm)
     return Outcome(measured={"corr_v": cv, "corr_p": cp, "p_mm": _vector(p_mm), "v_mm": _vector(v_mm)},
                    predicted={"corr_v": 1.0, "corr_p": 1.0, "p_mm": "(1.333333, 0.333333)", "v_mm": "(0, 1)"},
                    labels={"corr_v": "corr(v, v^mm)", "corr_p": "corr(p, p^mm)", "p_mm": "p^mm", "v_mm": "v^mm"},
@@ -862,7 +857,7 @@ def joint_relaxed(seed, steps):
     alpha = np.array([1, 1, 1])
     run = _joint_run(problem, steps)
     p_relax, p_mm = cf.relaxed_svm(problem, alpha).theta, cf.frobenius_svm(problem, alpha).theta
-    cr, cm = cf.corr(run.final["p"], p_relax), cf.corr(run.final["p"], p_mm)
+    cr, cm = cf.corr(run.final["theta"], p_relax), cf.corr(run.final["theta"], p_mm)
 
     figure = _joint_figure(run, [(r"$p^{relax}$", p_relax, "red"), ("$p^{mm}$", p_mm, "gray")],
                            "joint training, relaxed case")
@@ -906,8 +901,13 @@ def nuclear_svm_rank(seed, ds, seeds, max_iterations):
             if nuc.gap > 1e-6:
                 uncertified += 1
                 continue
-            fro_r.append(cf.rank(fro.theta))
-            nuc_r.append(cf.rank(nuc.theta))
+            try:  # a rank is a decision: certified, or the instance is counted with the uncertified ones
+                ranks = cf.rank(fro.theta), cf.rank(nuc.theta, accuracy=nuc.accuracy)
+            except cf.UncertifiedSolution:
+                uncertified += 1
+                continue
+            fro_r.append(ranks[0])
+            nuc_r.append(ranks[1])
         rows.append(dict(d=d, infeasible=infeasible, uncertified=uncertified, tied=tied, feasible=len(fro_r),
                          rank_fro=float(np.mean(fro_r)) if fro_r else float("nan"),
                          rank_nuc=float(np.mean(nuc_r)) if nuc_r else float("nan"),
@@ -1026,7 +1026,7 @@ def _svmeq_runs(seed, d, runs, steps):
         if run.info["stationary"]:
             counts["stationary"] += 1
             continue
-        W = run.final["W"]
+        W = run.final["theta"]
         logit = cf.logits(problem, W)
         log_s = logit - np.logaddexp.reduce(logit, axis=1, keepdims=True)
         s = np.exp(log_s)
@@ -1133,6 +1133,16 @@ def svm_equivalence(seed, ds, runs, steps):
 # ==================================================================================================
 
 
+def _rank_or_why_not(solution):
+    """The certified rank of an SVM solution, or why it is undecided (a decision is read only from a certificate)."""
+    if not solution.certified:
+        return f"undecided: duality gap {solution.gap:.2g} above {solution.requested_gap:g}"
+    try:
+        return cf.rank(solution.theta, accuracy=solution.accuracy)
+    except cf.UncertifiedSolution as error:
+        return f"undecided: {error}"
+
+
 def summary(problem: AttentionSVMProblem, *, seed) -> dict:
     """The SVM of the optimal tokens (``attnflow solve attention_svm``); ``seed`` is unused (no Monte Carlo)."""
     out = {"instance": problem.name, "model": problem.model, "n, T, d": f"{problem.n}, {problem.T}, {problem.d}",
@@ -1148,7 +1158,7 @@ def summary(problem: AttentionSVMProblem, *, seed) -> dict:
         out["p^mm"] = _vector(sol.theta)
     else:
         nuc = cf.nuclear_svm(problem)
-        out.update({"rank W^mm": cf.rank(sol.theta), "rank W*^mm (nuclear)": cf.rank(nuc.theta),
+        out.update({"rank W^mm": _rank_or_why_not(sol), "rank W*^mm (nuclear)": _rank_or_why_not(nuc),
                     "||W*^mm||_*": nuc.value, "nuclear duality gap": nuc.gap,
                     "corr(W^mm, W*^mm)": cf.corr(sol.theta, nuc.theta)})
     try:

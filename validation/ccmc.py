@@ -283,9 +283,11 @@ def _rank_rows(query, P, L):
                      np.array([np.append(c, a) for c in contexts for a in range(K)])}
     rows = []
     for (case, name), prompts in cases.items():
-        F = cf.fisher_information(P, prompts, query)
-        rows.append(dict(case=case, prompts=name, numerical_rank=cf.fisher_rank(F),
-                         predicted_rank=cf.predicted_fisher_rank(prompts, K, query)))
+        decision = cf.fisher_rank_decision(cf.fisher_information(P, prompts, query))
+        # the certificate: the eigenvalues on either side of the cut, relative to the largest
+        rows.append(dict(case=case, prompts=name, numerical_rank=decision.require(f"F ({name})"),
+                         predicted_rank=cf.predicted_fisher_rank(prompts, K, query),
+                         smallest_counted=decision.smallest_kept, largest_dropped=decision.largest_dropped))
     return rows
 
 
@@ -992,10 +994,16 @@ def summary(problem: CCMCProblem, *, seed) -> dict:
         n_prompts = max(1000, min(20000, 2_000_000 // L))  # bounded memory for long prompts
         prompts, how = np.random.default_rng(seeding.as_seed_sequence(seed)).integers(0, K, size=(n_prompts, L)), "MC"
     F = cf.fisher_information(problem.P, prompts, problem.query)
-    constants = cf.asymptotic_constants(problem.P, F)
+    try:
+        constants = cf.asymptotic_constants(problem.P, F)
+    except cf.UncertifiedSolution as error:
+        constants = dict(theta=f"undecided: {error}", chain=f"undecided: {error}")
+    rank = cf.fisher_rank_decision(F)
     f0 = problem.initial_counts / len(problem.X0)
     values = {f"n·E‖Θ̂−Θ*‖² limit ({how})": constants["theta"], f"n·E‖P̂−P*‖² limit ({how})": constants["chain"],
-              "Fisher rank": cf.fisher_rank(F), "predicted Fisher rank": cf.predicted_fisher_rank(prompts, K, problem.query)}
+              "Fisher rank": rank.rank if rank.certified else f"undecided: {rank.rank} at the cut, a dropped "
+                                                                f"eigenvalue {rank.largest_dropped:.2g} of the largest",
+              "predicted Fisher rank": cf.predicted_fisher_rank(prompts, K, problem.query)}
     values |= {f"invasion rate λ_{k} at X0's shares": float(v) for k, v in enumerate(cf.invasion_rates(f0, problem.P))}
     return values
 

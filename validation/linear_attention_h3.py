@@ -30,6 +30,8 @@ ALPHA = two_sided_p(Z_TOLERANCE)
 # A trained model is accepted within this fraction of the optimum (optimisation error of a finite run) plus
 # Z_TOLERANCE paired standard errors (§8.1).
 TRAINING_ALLOWANCE = 0.01
+# Every trained model's learning rate decays by a cosine to 2% of its initial value (the protocol of §8.1).
+DECAY = dyn.PROTOCOL_FINAL_FRACTION
 TRAINING_BASIS = (f"{TRAINING_ALLOWANCE:.0%} of the optimum (finite training) + {Z_TOLERANCE:g} paired Monte-Carlo "
                   f"standard errors (false-FAIL ≤ {ALPHA:.1g} once training is within the allowance)")
 
@@ -359,7 +361,8 @@ def _within_training_tolerance(gap, optimum):
 def trained_attention_reaches_optimum(seed, steps, batch_size, n_prompts):
     problem = cf.golden_setting_a()
     L_star, W_star = cf.optimal_risk(problem), cf.optimal_preconditioner(problem)
-    run = dyn.train(problem, "attention", seed=seeding.named(seed, "train"), steps=steps, batch_size=batch_size)
+    run = dyn.train(problem, "attention", seed=seeding.named(seed, "train"), steps=steps, batch_size=batch_size,
+                    final_fraction=DECAY)
     gap = _paired_gap(problem, run, lambda p: dyn.pgd_predict(p, W_star), n_prompts, seeding.named(seed, "mc"))
     error = float(np.linalg.norm(run.states["W"][-1] - W_star) / np.linalg.norm(W_star))
     passed = _within_training_tolerance(gap, L_star) and error < 0.05
@@ -416,7 +419,7 @@ def attention_spurious_branch(seed, n_prompts, seeds, steps):
     finals = []
     for k in range(seeds):
         run = dyn.train(problem, "attention", seed=seeding.child(seeding.named(seed, "runs"), k), steps=steps,
-                        value_init="random")
+                        value_init="random", final_fraction=DECAY)
         finals.append(run)
     ends = [t.last("risk") for t in finals]
     at_optimum = [abs(r - L_star) < TRAINING_ALLOWANCE * L_star for r in ends]
@@ -612,7 +615,8 @@ def trained_h3_beats_attention(seed, steps, batch_size, n_prompts):
     L_h3, v = cf.h3_optimum(problem)
     L_att, c = cf.attention_optimum(problem)
     identity = np.eye(problem.d)
-    runs = {model: dyn.train(problem, model, seed=seeding.named(seed, model), steps=steps, batch_size=batch_size)
+    runs = {model: dyn.train(problem, model, seed=seeding.named(seed, model), steps=steps, batch_size=batch_size,
+                             final_fraction=DECAY)
             for model in ("h3", "attention")}
     gap_h3 = _paired_gap(problem, runs["h3"], lambda p: dyn.wpgd_predict(p, identity, v), n_prompts,
                          seeding.named(seed, "mc_h3"))
@@ -850,7 +854,8 @@ def alignment_multiplier_fixed_alpha(seed, ns, n_prompts):
 def trained_attention_rag(seed, steps, batch_size, n_prompts):
     problem = _correlated_problem("rag")
     L_star, c_star = cf.correlated_optimum(problem)
-    run = dyn.train(problem, "attention", seed=seeding.named(seed, "train"), steps=steps, batch_size=batch_size)
+    run = dyn.train(problem, "attention", seed=seeding.named(seed, "train"), steps=steps, batch_size=batch_size,
+                    final_fraction=DECAY)
     gap = _paired_gap(problem, run, lambda p: dyn.pgd_predict(p, c_star * np.eye(problem.d)), n_prompts,
                       seeding.named(seed, "mc"))
     W = run.states["W"][-1]
@@ -994,7 +999,7 @@ def trained_low_rank_attention(seed, steps, batch_size, n_prompts):
     runs, rows, ok = {}, [], True
     for r in (1, 2):
         run = dyn.train(problem, "attention", seed=seeding.named(seed, f"r{r}"), steps=steps, batch_size=batch_size,
-                        rank=r)
+                        rank=r, final_fraction=DECAY)
         runs[f"$d_k = {r}$"] = run
         W_r = cf.low_rank_preconditioner(problem, r)
         L_r = cf.low_rank_optimal_risk(problem, r)
@@ -1108,7 +1113,8 @@ def trained_lora(seed, steps, batch_size):
     problem = problems["trace-changing"]
     W0 = cf.optimal_preconditioner(old)
     target = cf.lora_optimal_risk(problem, W0, 1)
-    run = dyn.train(problem, "lora", seed=seed, steps=steps, batch_size=batch_size, rank=1, W0=W0, lr=0.01)
+    run = dyn.train(problem, "lora", seed=seed, steps=steps, batch_size=batch_size, rank=1, W0=W0, lr=0.01,
+                    final_fraction=DECAY)
     final = run.last("risk")
     relative = (final - target) / target
     return Outcome(measured=dict(final_risk=final, relative_excess=relative),

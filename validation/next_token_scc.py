@@ -16,6 +16,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from attnflow import seeding
+from attnflow.closed_forms import certificates
 from attnflow.closed_forms import next_token_scc as cf
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.dynamics import next_token_scc as dyn
@@ -736,10 +737,16 @@ def nuclear_graph_svm(seed, instances):
         fro = cf.graph_svm(problem)
         nuc = cf.graph_svm(problem, "nuc")
         fro_nuc = float(np.linalg.svd(fro.W, compute_uv=False).sum())
-        rows.append(dict(gap=nuc.gap, equality=float(np.abs(nuc.A @ nuc.W.ravel()).max()) if len(nuc.A) else 0.0,
+        sv_nuc, sv_fro = (np.linalg.svd(W, compute_uv=False) for W in (nuc.W, fro.W))
+        rows.append(dict(gap=nuc.gap, certified=nuc.certified, iterations=nuc.iterations,
+                         equality=float(np.abs(nuc.A @ nuc.W.ravel()).max()) if len(nuc.A) else 0.0,
                          margin_deficit=float(max(0.0, 1 - nuc.margins.min())), nuclear=nuc.value,
-                         frobenius_nuclear=fro_nuc, rank_nuc=int(np.sum(np.linalg.svd(nuc.W, compute_uv=False) > 1e-5)),
-                         rank_fro=int(np.sum(np.linalg.svd(fro.W, compute_uv=False) > 1e-5))))
+                         frobenius_nuclear=fro_nuc, rank_nuc=int(np.sum(sv_nuc > 1e-5)), rank_fro=int(np.sum(sv_fro > 1e-5)),
+                         # the ranks are decisions: every value below the cut must be a zero to the accuracy the
+                         # solution is known (round-off, or the nuclear solution's certified gap)
+                         ranks_certified=bool(all(
+                             np.all(sv[sv <= 1e-5] <= max(certificates.ROUND_OFF, sol.accuracy) * sv.max())
+                             for sv, sol in ((sv_nuc, nuc), (sv_fro, fro))))))
     ok = all(r["gap"] <= 1e-6 and r["equality"] < 1e-9 and r["margin_deficit"] < 1e-9 and
              # the certificate: lower bound = ‖W*‖_*(1 − gap) ≤ optimum ≤ ‖W^svm_F‖_* (a feasible point); where the
              # Frobenius solution is itself nuclear-optimal, ‖W*‖_* exceeds it by up to the certified gap

@@ -385,7 +385,7 @@ def ridge_escape(seed, K, r, M, scales, steps):
     for scale, child in zip((0.0, *scales), seed.spawn(len(scales) + 1)):
         run = dyn.full_gd_trajectory(problem, sequences, steps, init_scale=scale, seed=child)
         rows.append(dict(init_scale=scale, escape_step=_escape_step(run.states["V"]),
-                         final_accuracy=dyn.full_accuracy(problem, sequences, run.info["V"], run.info["W"])))
+                         final_accuracy=dyn.full_accuracy(problem, sequences, run.final["V"], run.final["W"])))
     random_rows = rows[1:]
     escaped = all(r["escape_step"] is not None for r in random_rows)
     fit = None
