@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -188,8 +189,9 @@ def gpt_forward(params: dict, tokens: jax.Array, config: GPTConfig):
     return prediction, jnp.stack(maps)
 
 
+@partial(jax.jit, static_argnums=2)
 def gpt_predict(params: dict, tokens: jax.Array, config: GPTConfig) -> jax.Array:
-    """Predictions for a batch of prompts (batch × n_tokens × token_size)."""
+    """Predictions for a batch of prompts (batch × n_tokens × token_size); compiled once per config and shape."""
     return jax.vmap(lambda t: gpt_forward(params, t, config)[0])(tokens)
 
 
@@ -249,6 +251,17 @@ class TrainResult:
 
 OPTIMIZERS = ("adam", "sgd")
 
+# Compiled chunks, reused by every run with the same loss function, optimizer, schedule and shapes: XLA's compile
+# (seconds) dominates short runs, and a claim trains several models of one shape (docs/deep.md §1).
+_COMPILED: dict = {}
+_COMPILED_MAX = 64
+
+
+def _shapes(tree) -> tuple:
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    return structure, tuple((np.shape(x), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype))
+                            for x in leaves)
+
 
 def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, chunk: int = 100,
           checkpoint_steps=(), decay: bool = True, optimizer: str = "adam") -> TrainResult:
@@ -257,7 +270,9 @@ def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, ch
     ``sample(n)`` returns ``n`` steps' batches stacked on a leading axis (a pytree of arrays), drawn by the caller
     from its seed; ``chunk`` steps run in one compiled ``lax.scan`` and are recorded as one mean loss. The learning
     rate decays by a cosine to 1% of ``lr`` (``decay=False``: constant). ``checkpoint_steps`` must be multiples of
-    ``chunk``. Raises ``DivergenceError`` naming the chunk if the loss stops being finite."""
+    ``chunk``. Raises ``DivergenceError`` naming the chunk if the loss stops being finite. A run reuses the compiled
+    chunk of an earlier run with the same ``loss`` object, optimizer, ``lr``, ``steps``, schedule and shapes (its
+    ``compile_seconds`` is then 0): pass one loss function per model, not a fresh closure per run."""
     import time
 
     steps = check.integer(steps, "steps", minimum=1)
@@ -268,6 +283,7 @@ def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, ch
         raise ValueError(f"checkpoint_steps must be multiples of chunk={chunk} within [0, {steps}]")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    optimizer_name = optimizer
     schedule = optax.cosine_decay_schedule(lr, steps, alpha=0.01) if decay else lr
     optimizer = optax.adam(schedule) if optimizer == "adam" else optax.sgd(schedule)
     state = optimizer.init(params)
@@ -293,9 +309,15 @@ def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, ch
         n = min(chunk, steps - done)
         batches = sample(n)
         if done == 0 or n != chunk:
-            tick = time.perf_counter()
-            compiled = run_chunk.lower(params, state, batches).compile()
-            compile_seconds += time.perf_counter() - tick
+            key = (loss, optimizer_name, lr, steps, decay, _shapes((params, state, batches)))
+            compiled = _COMPILED.get(key)
+            if compiled is None:
+                tick = time.perf_counter()
+                compiled = run_chunk.lower(params, state, batches).compile()
+                compile_seconds += time.perf_counter() - tick
+                if len(_COMPILED) >= _COMPILED_MAX:
+                    _COMPILED.pop(next(iter(_COMPILED)))
+                _COMPILED[key] = compiled
         params, state, value = compiled(params, state, batches)
         done += n
         value = float(value)

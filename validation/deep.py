@@ -8,6 +8,7 @@ so the claims register (``attnflow list --tier deep``) without it; running one w
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import numpy as np
@@ -52,8 +53,6 @@ def _regression_config(architecture: str, mlp: bool, layers: int, heads: int, wi
 def train_regression(problem, config, *, seed, steps: int, batch: int, lr: float, chunk: int = 100):
     """Train ``config`` on fresh prompts of ``problem`` (docs/gd_beta.md §1, token matrices (3.1), float32) with
     the squared loss of the query's label; returns the :class:`attnflow.dynamics.deep.TrainResult`."""
-    import jax.numpy as jnp
-
     from attnflow import seeding
     from attnflow.dynamics import deep
     from attnflow.dynamics import gd_beta as dyn
@@ -69,10 +68,21 @@ def train_regression(problem, config, *, seed, steps: int, batch: int, lr: float
         return dict(tokens=tokens.reshape(n, batch, N + 1, d + 1),
                     y=prompts.y_query.astype(np.float32).reshape(n, batch))
 
+    return deep.train(_regression_loss(config), params, sample, steps, lr=lr, chunk=chunk)
+
+
+@functools.lru_cache(maxsize=None)
+def _regression_loss(config):
+    """The squared loss of the query's label for ``config``: one function object per config, so that runs of one
+    shape share their compiled training step (:func:`attnflow.dynamics.deep.train`)."""
+    import jax.numpy as jnp
+
+    from attnflow.dynamics import deep
+
     def loss(p, b):
         return jnp.mean((deep.gpt_predict(p, b["tokens"], config) - b["y"]) ** 2)
 
-    return deep.train(loss, params, sample, steps, lr=lr, chunk=chunk)
+    return loss
 
 
 def regression_errors(problem, config, params, prompts) -> np.ndarray:
