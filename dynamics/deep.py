@@ -39,7 +39,9 @@ from attnflow.seeding import SeedLike, as_seed_sequence  # noqa: E402
 from .errors import DivergenceError  # noqa: E402
 
 __all__ = ["GPTConfig", "ATTENTIONS", "MASKS", "jax_key", "init_gpt", "gpt_forward", "gpt_predict", "parameter_count",
-           "flops_per_step", "OPTIMIZERS", "one_nn_predict", "one_nn_attention", "scb_softmax_predict", "train", "TrainResult"]
+           "flops_per_step", "OPTIMIZERS", "one_nn_predict", "one_nn_attention", "scb_softmax_predict", "scb_predict", "scb_loss",
+           "scb_preconditioned_gradients", "scb_train", "scb_samples", "scb_population_path", "softmax_columns", "train",
+           "TrainResult"]
 
 ATTENTIONS = ("softmax", "linear")
 MASKS = ("causal", "context")
@@ -224,12 +226,124 @@ def one_nn_predict(W: jax.Array, tokens: jax.Array) -> jax.Array:
     return jax.vmap(lambda t: one_nn_attention(W, t) @ t[:, -2])(tokens)
 
 
-def scb_softmax_predict(V: jax.Array, Z: jax.Array, tokens: jax.Array, last: jax.Array) -> jax.Array:
-    """Model (2) of docs/scb.md §3 with softmax attention: f = V X softmax(Z e_k), k the last token. tokens: the
+def scb_predict(V: jax.Array, A: jax.Array, tokens: jax.Array, last: jax.Array, attention: str) -> jax.Array:
+    """Model (2) of docs/scb.md §3, f = V X q⁽ᵏ⁾, k the last token, with q⁽ᵏ⁾ = A e_k (``attention="linear"``, A = Q)
+    or q⁽ᵏ⁾ = softmax(A e_k) over the T positions (``"softmax"``, A = Z the logits; docs/deep.md §3). tokens: the
     context ids (batch × T), last: k (batch). Returns batch × N."""
-    weights = jax.nn.softmax(Z[:, last].T, axis=-1)  # batch × T: the column of the last token, softmax over positions
+    column = A[:, last].T  # batch × T: the attention column of each sample's last token
+    weights = jax.nn.softmax(column, axis=-1) if attention == "softmax" else column
     one_hot = jax.nn.one_hot(tokens, V.shape[0], dtype=V.dtype)  # batch × T × N
     return jnp.einsum("nk,btk,bt->bn", V, one_hot, weights)
+
+
+def scb_softmax_predict(V: jax.Array, Z: jax.Array, tokens: jax.Array, last: jax.Array) -> jax.Array:
+    """:func:`scb_predict` with softmax attention: f = V X softmax(Z e_k)."""
+    return scb_predict(V, Z, tokens, last, "softmax")
+
+
+def scb_loss(V, A, batch, attention: str) -> jax.Array:
+    """The minibatch loss of docs/scb.md §4, the batch mean of ½‖e_o − f‖²."""
+    f = scb_predict(V, A, batch["tokens"], batch["last"], attention)
+    return 0.5 * jnp.mean(jnp.sum((jax.nn.one_hot(batch["label"], V.shape[0], dtype=V.dtype) - f) ** 2, axis=-1))
+
+
+def scb_preconditioned_gradients(V, A, batch, mu, attention: str):
+    """The minibatch gradients with the preconditioner (4) of docs/scb.md §5: ∇_V L̂(D⁻¹ − 11ᵀ), and for the
+    attention (I − 11ᵀ/T)∇_Q L̂ D⁻¹ (linear) or ∇_Z L̂ D⁻¹ (softmax, whose gradient already sums to 0 over the
+    positions). Returns (loss, G_V, G_A)."""
+    value, (grad_V, grad_A) = jax.value_and_grad(scb_loss, argnums=(0, 1))(V, A, batch, attention)
+    G_V = grad_V / mu[None, :] - grad_V.sum(axis=1, keepdims=True)
+    if attention == "linear":
+        grad_A = grad_A - grad_A.mean(axis=0, keepdims=True)
+    return value, G_V, grad_A / mu[None, :]
+
+
+@partial(jax.jit, static_argnums=5)
+def _scb_chunk(V, A, batches, mu, steps, attention):
+    def one(carry, batch):
+        V, A = carry
+        value, G_V, G_A = scb_preconditioned_gradients(V, A, batch, mu, attention)
+        V, A = V - steps[0] * G_V, A - steps[1] * G_A
+        return (V, A), (V, A, value)
+
+    (V, A), path = jax.lax.scan(one, (V, A), batches)
+    return V, A, path
+
+
+def scb_train(V, A, sample: Callable, steps: int, *, mu, eta_V: float, eta_A: float, attention: str,
+              chunk: int = 10) -> dict:
+    """Preconditioned online GD (eqs. 4–6 of docs/scb.md §5 with λ = 0) of model (2) with linear or softmax attention:
+    V ← V − η_V G_V, A ← A − η_A G_A on a fresh batch each step, ``sample(n)`` giving n steps' batches (tokens,
+    last, label) stacked on a leading axis. The step sizes are arguments of one compiled chunk per shape, so runs
+    that differ only in them share it. Returns the iterates after every step (``V``, ``A``: steps × …, with the
+    start prepended) and the minibatch losses."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    steps = check.integer(steps, "steps", minimum=1)
+    V, A = jnp.asarray(V, jnp.float32), jnp.asarray(A, jnp.float32)
+    mu = jnp.asarray(mu, jnp.float32)
+    sizes = jnp.asarray([eta_V, eta_A], jnp.float32)
+    Vs, As, losses = [np.asarray(V)[None]], [np.asarray(A)[None]], []
+    done = 0
+    while done < steps:
+        n = min(chunk, steps - done)
+        V, A, (path_V, path_A, values) = _scb_chunk(V, A, sample(n), mu, sizes, attention)
+        Vs.append(np.asarray(path_V))
+        As.append(np.asarray(path_A))
+        losses.append(np.asarray(values))
+        done += n
+    losses = np.concatenate(losses)
+    if not np.all(np.isfinite(losses)):
+        raise DivergenceError(f"scb_train diverged: a minibatch loss is not finite (lower eta, now {eta_V}, {eta_A})")
+    return dict(V=np.concatenate(Vs).astype(float), A=np.concatenate(As).astype(float), losses=losses)
+
+
+def scb_samples(problem, n: int, rng: np.random.Generator) -> dict:
+    """n samples of the data model (1) of docs/scb.md §2, drawn in numpy: x_1…x_T, x_{T+1} = k i.i.d. ~ μ, a
+    position j ~ q*⁽ᵏ⁾, the label o ~ Pe_{x_j}. Returns int32 arrays tokens (n × T), last (n), label (n)."""
+    n = check.integer(n, "n", minimum=1)
+    T, N = problem.T, problem.N
+    tokens = rng.choice(N, size=(n, T), p=problem.mu).astype(np.int32)
+    last = rng.choice(N, size=n, p=problem.mu).astype(np.int32)
+    position_cdf = np.cumsum(problem.Q_star, axis=0).T  # N × T: row k the law of j given k
+    position = np.minimum((rng.random(n)[:, None] >= position_cdf[last]).sum(axis=1), T - 1)
+    attended = tokens[np.arange(n), position]
+    label_cdf = np.cumsum(problem.P, axis=0).T  # N × N: row a the law of o given the attended token a
+    label = np.minimum((rng.random(n)[:, None] >= label_cdf[attended]).sum(axis=1), N - 1).astype(np.int32)
+    return dict(tokens=tokens, last=last, label=label)
+
+
+def softmax_columns(Z: np.ndarray) -> np.ndarray:
+    """softmax over the positions (axis 0) of every column; also for a stack of Z's (… × T × N)."""
+    Z = np.asarray(Z, float)
+    e = np.exp(Z - Z.max(axis=-2, keepdims=True))
+    return e / e.sum(axis=-2, keepdims=True)
+
+
+def scb_population_path(problem, attention: str, steps: int, *, eta_V: float, eta_A: float) -> dict:
+    """The population version of :func:`scb_train` (exact expected gradients): for linear attention the map of
+    docs/scb.md §7 (``closed_forms.scb.population_map_step``, λ = 0); for softmax the same V-step and
+    Z ← Z − η_A·J(q)ᵀ E∇_Q L D⁻¹, column by column, J(q) = diag(q) − qqᵀ the softmax Jacobian and E∇_Q L Lemma B.7
+    (docs/deep.md §3). Returns V, Q (the attention, softmax(Z) for softmax) after every step, the start prepended."""
+    from attnflow.closed_forms import scb as cf
+
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    V, Q = problem.initial_point()
+    Z = np.zeros_like(Q)
+    Vs, Qs = [V], [Q]
+    for _ in range(check.integer(steps, "steps", minimum=1)):
+        if attention == "linear":
+            V, Q = cf.population_map_step(problem, V, Q, eta_V, eta_A)
+        else:
+            G_V, _ = cf.preconditioned_gradients(problem, V, Q)
+            _, grad_Q = cf.raw_gradients(problem, V, Q)
+            grad_Z = Q * (grad_Q - (Q * grad_Q).sum(axis=0, keepdims=True))
+            V, Z = V - eta_V * G_V, Z - eta_A * grad_Z / problem.mu[None, :]
+            Q = softmax_columns(Z)
+        Vs.append(V)
+        Qs.append(Q)
+    return dict(V=np.array(Vs), Q=np.array(Qs))
 
 
 # ------------------------------------------------------------------------------------------------------------
