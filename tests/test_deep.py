@@ -15,7 +15,8 @@ from attnflow.validation.claims import run_claim
 
 HAVE_JAX = importlib.util.find_spec("jax") is not None and importlib.util.find_spec("optax") is not None
 needs_jax = pytest.mark.skipif(not HAVE_JAX, reason="attnflow[deep] (jax, optax) is not installed")
-DEEP_CLAIMS = ["gd_beta.deep_mlp_table1"]
+DEEP_CLAIMS = ["gd_beta.deep_mlp_table1", "scb.deep_softmax_stages", "one_nn.deep_trained_attention",
+               "one_nn.deep_decoder_under_shift"]
 
 
 def _lsa_problem():
@@ -98,10 +99,14 @@ def test_the_decoders_gradient_matches_finite_differences(attention, mask, embed
         target = jnp.asarray(rng.standard_normal(5))
 
         @jax.jit
-        def loss(p):
+        @jax.value_and_grad
+        def loss_and_gradient(p):  # one compiled program for the values and the gradient
             return jnp.mean((deep.gpt_predict(p, tokens, config) - target) ** 2)
 
-        grads = [np.asarray(g) for g in jax.tree_util.tree_leaves(jax.jit(jax.grad(loss))(params))]
+        def loss(p):
+            return loss_and_gradient(p)[0]
+
+        grads = [np.asarray(g) for g in jax.tree_util.tree_leaves(loss_and_gradient(params)[1])]
         leaves, tree = jax.tree_util.tree_flatten(params)
         leaves = [np.asarray(x) for x in leaves]  # the perturbations in numpy: no op-by-op compiles
         for trial in range(3):
@@ -162,8 +167,13 @@ def test_a_deep_claim_without_jax_is_a_one_line_error():
     assert result.stderr.strip() == "attnflow: error: attnflow[deep] is not installed: pip install -e '.[deep]'"
 
 
+ONE_NN_SMOKE = dict(d=3, N=4, sigma=3.0, eta=1.5, batch=32, steps=40, checkpoints=(20, 40), delta=0.1,
+                    test_prompts=300)
 SMOKE = {"gd_beta.deep_mlp_table1": dict(d=2, N=6, layers=1, heads=1, width=8, batch=16, steps=60, lr=3e-3,
-                                         test_prompts=400)}
+                                         test_prompts=400, architectures=("label_slot",)),
+         "scb.deep_softmax_stages": dict(N=4, sparsity=2, Ts=(8, 16), softmax_step=16.0, batch=256, steps=30),
+         "one_nn.deep_trained_attention": ONE_NN_SMOKE,
+         "one_nn.deep_decoder_under_shift": dict(ONE_NN_SMOKE, layers=1, heads=1, width=8, lr=3e-3)}
 
 
 @needs_jax
