@@ -8,8 +8,10 @@ The models, the settings and which paper table each experiment reproduces are do
   learned positions (``embed=True``), the prediction read out at the last token (docs/deep.md §1). With
   ``embed=False, layer_norm=False, attention="linear", mask="context"`` one block is exactly the linear
   self-attention (3.4) of docs/gd_beta.md §2.2 on the token matrix (3.1): the bridge to the core's closed forms.
-* :func:`one_nn_predict` (the one-layer softmax model of docs/one_nn.md §2) and :func:`scb_softmax_predict` (model
-  (2) of docs/scb.md §3 with a softmax over positions in place of the linear attention column, docs/deep.md §3).
+* :func:`one_nn_predict` (the one-layer softmax model of docs/one_nn.md §2) and :func:`scb_predict` (model (2) of
+  docs/scb.md §3 with its linear attention column or a softmax over the positions in its place, docs/deep.md §3),
+  with :func:`scb_train` (the paper's preconditioned online GD for either), :func:`scb_population_path` (its
+  population map from the closed forms) and :func:`scb_samples` (the data model (1) in numpy).
 * :func:`train`: Adam (optax) with a cosine decay of the learning rate to 1% of its start, as
   :mod:`attnflow.dynamics.optimizers`; a fresh batch every step, drawn in numpy by the caller's sampler from the
   claim's seed; ``chunk`` steps run inside one compiled ``lax.scan``.
