@@ -360,7 +360,7 @@ def deep_softmax_stages(seed, *, N, sparsity, Ts, eta, softmax_step, batch, step
         return a == b or (a >= 0 and b >= 0 and abs(a - b) <= max(2, 0.1 * b))
 
     tracks = all(close(r[k], r[f"population_{k}"]) for r in rows for k in ("t_exit", "t_end", "t1_alpha"))
-    # Check 2 [theorem, Lemma D.1 and §8.4]: the linear model's α-crossing at the closed-form t₁ (one step).
+    # Check 2 [theorem, Lemma D.1 and docs/scb.md §8.4]: the linear model's α-crossing at the closed-form t₁ (one step).
     linear_t1 = all(abs(r["t1_alpha"] - r["predicted_t1"]) <= 1 for r in rows if r["attention"] == "linear")
     # Check 3 [paper, Section 5.2]: Stage 1 longer than Stage 2 at the largest T in both, the ratio growing with T.
     ratios = {(T, a): stage(T, a) / max(stage(T, a, "stage2"), 1) for T in Ts for a in models}
