@@ -8,8 +8,10 @@ The models, the settings and which paper table each experiment reproduces are do
   learned positions (``embed=True``), the prediction read out at the last token (docs/deep.md §1). With
   ``embed=False, layer_norm=False, attention="linear", mask="context"`` one block is exactly the linear
   self-attention (3.4) of docs/gd_beta.md §2.2 on the token matrix (3.1): the bridge to the core's closed forms.
-* :func:`one_nn_predict` (the one-layer softmax model of docs/one_nn.md §2) and :func:`scb_softmax_predict` (model
-  (2) of docs/scb.md §3 with a softmax over positions in place of the linear attention column, docs/deep.md §3).
+* :func:`one_nn_predict` (the one-layer softmax model of docs/one_nn.md §2) and :func:`scb_predict` (model (2) of
+  docs/scb.md §3 with its linear attention column or a softmax over the positions in its place, docs/deep.md §3),
+  with :func:`scb_train` (the paper's preconditioned online GD for either), :func:`scb_population_path` (its
+  population map from the closed forms) and :func:`scb_samples` (the data model (1) in numpy).
 * :func:`train`: Adam (optax) with a cosine decay of the learning rate to 1% of its start, as
   :mod:`attnflow.dynamics.optimizers`; a fresh batch every step, drawn in numpy by the caller's sampler from the
   claim's seed; ``chunk`` steps run inside one compiled ``lax.scan``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -38,7 +41,9 @@ from attnflow.seeding import SeedLike, as_seed_sequence  # noqa: E402
 from .errors import DivergenceError  # noqa: E402
 
 __all__ = ["GPTConfig", "ATTENTIONS", "MASKS", "jax_key", "init_gpt", "gpt_forward", "gpt_predict", "parameter_count",
-           "flops_per_step", "OPTIMIZERS", "one_nn_predict", "one_nn_attention", "scb_softmax_predict", "train", "TrainResult"]
+           "flops_per_step", "OPTIMIZERS", "one_nn_predict", "one_nn_attention", "scb_softmax_predict", "scb_predict", "scb_loss",
+           "scb_preconditioned_gradients", "scb_train", "scb_samples", "scb_population_path", "softmax_columns", "train",
+           "TrainResult"]
 
 ATTENTIONS = ("softmax", "linear")
 MASKS = ("causal", "context")
@@ -188,8 +193,9 @@ def gpt_forward(params: dict, tokens: jax.Array, config: GPTConfig):
     return prediction, jnp.stack(maps)
 
 
+@partial(jax.jit, static_argnums=2)
 def gpt_predict(params: dict, tokens: jax.Array, config: GPTConfig) -> jax.Array:
-    """Predictions for a batch of prompts (batch × n_tokens × token_size)."""
+    """Predictions for a batch of prompts (batch × n_tokens × token_size); compiled once per config and shape."""
     return jax.vmap(lambda t: gpt_forward(params, t, config)[0])(tokens)
 
 
@@ -222,12 +228,124 @@ def one_nn_predict(W: jax.Array, tokens: jax.Array) -> jax.Array:
     return jax.vmap(lambda t: one_nn_attention(W, t) @ t[:, -2])(tokens)
 
 
-def scb_softmax_predict(V: jax.Array, Z: jax.Array, tokens: jax.Array, last: jax.Array) -> jax.Array:
-    """Model (2) of docs/scb.md §3 with softmax attention: f = V X softmax(Z e_k), k the last token. tokens: the
+def scb_predict(V: jax.Array, A: jax.Array, tokens: jax.Array, last: jax.Array, attention: str) -> jax.Array:
+    """Model (2) of docs/scb.md §3, f = V X q⁽ᵏ⁾, k the last token, with q⁽ᵏ⁾ = A e_k (``attention="linear"``, A = Q)
+    or q⁽ᵏ⁾ = softmax(A e_k) over the T positions (``"softmax"``, A = Z the logits; docs/deep.md §3). tokens: the
     context ids (batch × T), last: k (batch). Returns batch × N."""
-    weights = jax.nn.softmax(Z[:, last].T, axis=-1)  # batch × T: the column of the last token, softmax over positions
+    column = A[:, last].T  # batch × T: the attention column of each sample's last token
+    weights = jax.nn.softmax(column, axis=-1) if attention == "softmax" else column
     one_hot = jax.nn.one_hot(tokens, V.shape[0], dtype=V.dtype)  # batch × T × N
     return jnp.einsum("nk,btk,bt->bn", V, one_hot, weights)
+
+
+def scb_softmax_predict(V: jax.Array, Z: jax.Array, tokens: jax.Array, last: jax.Array) -> jax.Array:
+    """:func:`scb_predict` with softmax attention: f = V X softmax(Z e_k)."""
+    return scb_predict(V, Z, tokens, last, "softmax")
+
+
+def scb_loss(V, A, batch, attention: str) -> jax.Array:
+    """The minibatch loss of docs/scb.md §4, the batch mean of ½‖e_o − f‖²."""
+    f = scb_predict(V, A, batch["tokens"], batch["last"], attention)
+    return 0.5 * jnp.mean(jnp.sum((jax.nn.one_hot(batch["label"], V.shape[0], dtype=V.dtype) - f) ** 2, axis=-1))
+
+
+def scb_preconditioned_gradients(V, A, batch, mu, attention: str):
+    """The minibatch gradients with the preconditioner (4) of docs/scb.md §5: ∇_V L̂(D⁻¹ − 11ᵀ), and for the
+    attention (I − 11ᵀ/T)∇_Q L̂ D⁻¹ (linear) or ∇_Z L̂ D⁻¹ (softmax, whose gradient already sums to 0 over the
+    positions). Returns (loss, G_V, G_A)."""
+    value, (grad_V, grad_A) = jax.value_and_grad(scb_loss, argnums=(0, 1))(V, A, batch, attention)
+    G_V = grad_V / mu[None, :] - grad_V.sum(axis=1, keepdims=True)
+    if attention == "linear":
+        grad_A = grad_A - grad_A.mean(axis=0, keepdims=True)
+    return value, G_V, grad_A / mu[None, :]
+
+
+@partial(jax.jit, static_argnums=5)
+def _scb_chunk(V, A, batches, mu, steps, attention):
+    def one(carry, batch):
+        V, A = carry
+        value, G_V, G_A = scb_preconditioned_gradients(V, A, batch, mu, attention)
+        V, A = V - steps[0] * G_V, A - steps[1] * G_A
+        return (V, A), (V, A, value)
+
+    (V, A), path = jax.lax.scan(one, (V, A), batches)
+    return V, A, path
+
+
+def scb_train(V, A, sample: Callable, steps: int, *, mu, eta_V: float, eta_A: float, attention: str,
+              chunk: int = 10) -> dict:
+    """Preconditioned online GD (eqs. 4–6 of docs/scb.md §5 with λ = 0) of model (2) with linear or softmax attention:
+    V ← V − η_V G_V, A ← A − η_A G_A on a fresh batch each step, ``sample(n)`` giving n steps' batches (tokens,
+    last, label) stacked on a leading axis. The step sizes are arguments of one compiled chunk per shape, so runs
+    that differ only in them share it. Returns the iterates after every step (``V``, ``A``: steps × …, with the
+    start prepended) and the minibatch losses."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    steps = check.integer(steps, "steps", minimum=1)
+    V, A = jnp.asarray(V, jnp.float32), jnp.asarray(A, jnp.float32)
+    mu = jnp.asarray(mu, jnp.float32)
+    sizes = jnp.asarray([eta_V, eta_A], jnp.float32)
+    Vs, As, losses = [np.asarray(V)[None]], [np.asarray(A)[None]], []
+    done = 0
+    while done < steps:
+        n = min(chunk, steps - done)
+        V, A, (path_V, path_A, values) = _scb_chunk(V, A, sample(n), mu, sizes, attention)
+        Vs.append(np.asarray(path_V))
+        As.append(np.asarray(path_A))
+        losses.append(np.asarray(values))
+        done += n
+    losses = np.concatenate(losses)
+    if not np.all(np.isfinite(losses)):
+        raise DivergenceError(f"scb_train diverged: a minibatch loss is not finite (lower eta, now {eta_V}, {eta_A})")
+    return dict(V=np.concatenate(Vs).astype(float), A=np.concatenate(As).astype(float), losses=losses)
+
+
+def scb_samples(problem, n: int, rng: np.random.Generator) -> dict:
+    """n samples of the data model (1) of docs/scb.md §2, drawn in numpy: x_1…x_T, x_{T+1} = k i.i.d. ~ μ, a
+    position j ~ q*⁽ᵏ⁾, the label o ~ Pe_{x_j}. Returns int32 arrays tokens (n × T), last (n), label (n)."""
+    n = check.integer(n, "n", minimum=1)
+    T, N = problem.T, problem.N
+    tokens = rng.choice(N, size=(n, T), p=problem.mu).astype(np.int32)
+    last = rng.choice(N, size=n, p=problem.mu).astype(np.int32)
+    position_cdf = np.cumsum(problem.Q_star, axis=0).T  # N × T: row k the law of j given k
+    position = np.minimum((rng.random(n)[:, None] >= position_cdf[last]).sum(axis=1), T - 1)
+    attended = tokens[np.arange(n), position]
+    label_cdf = np.cumsum(problem.P, axis=0).T  # N × N: row a the law of o given the attended token a
+    label = np.minimum((rng.random(n)[:, None] >= label_cdf[attended]).sum(axis=1), N - 1).astype(np.int32)
+    return dict(tokens=tokens, last=last, label=label)
+
+
+def softmax_columns(Z: np.ndarray) -> np.ndarray:
+    """softmax over the positions (axis 0) of every column; also for a stack of Z's (… × T × N)."""
+    Z = np.asarray(Z, float)
+    e = np.exp(Z - Z.max(axis=-2, keepdims=True))
+    return e / e.sum(axis=-2, keepdims=True)
+
+
+def scb_population_path(problem, attention: str, steps: int, *, eta_V: float, eta_A: float) -> dict:
+    """The population version of :func:`scb_train` (exact expected gradients): for linear attention the map of
+    docs/scb.md §7 (``closed_forms.scb.population_map_step``, λ = 0); for softmax the same V-step and
+    Z ← Z − η_A·J(q)ᵀ E∇_Q L D⁻¹, column by column, J(q) = diag(q) − qqᵀ the softmax Jacobian and E∇_Q L Lemma B.7
+    (docs/deep.md §3). Returns V, Q (the attention, softmax(Z) for softmax) after every step, the start prepended."""
+    from attnflow.closed_forms import scb as cf
+
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    V, Q = problem.initial_point()
+    Z = np.zeros_like(Q)
+    Vs, Qs = [V], [Q]
+    for _ in range(check.integer(steps, "steps", minimum=1)):
+        if attention == "linear":
+            V, Q = cf.population_map_step(problem, V, Q, eta_V, eta_A)
+        else:
+            G_V, _ = cf.preconditioned_gradients(problem, V, Q)
+            _, grad_Q = cf.raw_gradients(problem, V, Q)
+            grad_Z = Q * (grad_Q - (Q * grad_Q).sum(axis=0, keepdims=True))
+            V, Z = V - eta_V * G_V, Z - eta_A * grad_Z / problem.mu[None, :]
+            Q = softmax_columns(Z)
+        Vs.append(V)
+        Qs.append(Q)
+    return dict(V=np.array(Vs), Q=np.array(Qs))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -249,6 +367,17 @@ class TrainResult:
 
 OPTIMIZERS = ("adam", "sgd")
 
+# Compiled chunks, reused by every run with the same loss function, optimizer, schedule and shapes: XLA's compile
+# (seconds) dominates short runs, and a claim trains several models of one shape (docs/deep.md §1).
+_COMPILED: dict = {}
+_COMPILED_MAX = 64
+
+
+def _shapes(tree) -> tuple:
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    return structure, tuple((np.shape(x), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype))
+                            for x in leaves)
+
 
 def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, chunk: int = 100,
           checkpoint_steps=(), decay: bool = True, optimizer: str = "adam") -> TrainResult:
@@ -257,7 +386,9 @@ def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, ch
     ``sample(n)`` returns ``n`` steps' batches stacked on a leading axis (a pytree of arrays), drawn by the caller
     from its seed; ``chunk`` steps run in one compiled ``lax.scan`` and are recorded as one mean loss. The learning
     rate decays by a cosine to 1% of ``lr`` (``decay=False``: constant). ``checkpoint_steps`` must be multiples of
-    ``chunk``. Raises ``DivergenceError`` naming the chunk if the loss stops being finite."""
+    ``chunk``. Raises ``DivergenceError`` naming the chunk if the loss stops being finite. A run reuses the compiled
+    chunk of an earlier run with the same ``loss`` object, optimizer, ``lr``, ``steps``, schedule and shapes (its
+    ``compile_seconds`` is then 0): pass one loss function per model, not a fresh closure per run."""
     import time
 
     steps = check.integer(steps, "steps", minimum=1)
@@ -268,6 +399,7 @@ def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, ch
         raise ValueError(f"checkpoint_steps must be multiples of chunk={chunk} within [0, {steps}]")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    optimizer_name = optimizer
     schedule = optax.cosine_decay_schedule(lr, steps, alpha=0.01) if decay else lr
     optimizer = optax.adam(schedule) if optimizer == "adam" else optax.sgd(schedule)
     state = optimizer.init(params)
@@ -293,9 +425,15 @@ def train(loss: Callable, params, sample: Callable, steps: int, *, lr: float, ch
         n = min(chunk, steps - done)
         batches = sample(n)
         if done == 0 or n != chunk:
-            tick = time.perf_counter()
-            compiled = run_chunk.lower(params, state, batches).compile()
-            compile_seconds += time.perf_counter() - tick
+            key = (loss, optimizer_name, lr, steps, decay, _shapes((params, state, batches)))
+            compiled = _COMPILED.get(key)
+            if compiled is None:
+                tick = time.perf_counter()
+                compiled = run_chunk.lower(params, state, batches).compile()
+                compile_seconds += time.perf_counter() - tick
+                if len(_COMPILED) >= _COMPILED_MAX:
+                    _COMPILED.pop(next(iter(_COMPILED)))
+                _COMPILED[key] = compiled
         params, state, value = compiled(params, state, batches)
         done += n
         value = float(value)
