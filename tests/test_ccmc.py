@@ -333,7 +333,7 @@ def test_same_seed_same_numbers():
 
 def test_seeds_are_required():
     with pytest.raises(TypeError):
-        dyn.minibatch(CCMCProblem(cf.GOLDEN_P))  # noqa: the seed is keyword-only without default
+        dyn.minibatch(CCMCProblem(cf.GOLDEN_P))  # the seed is keyword-only, without a default
 
 
 def test_adam_divergence_names_the_step():
