@@ -32,7 +32,8 @@ __all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSo
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "kernel_labels", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
            "selection_svm", "selection_offset", "certified_svm", "UncertifiedSolution", "NUC_GAP",
-           "DECISION_NUC_ITERATIONS", "measured_offset", "log_gradient_norm"]
+           "DECISION_NUC_ITERATIONS", "measured_offset", "log_gradient_norm",
+           "log_abs_loss_derivative"]
 
 LOSSES = ("logistic", "linear", "exp")
 INSTANCES = ("random", "single_global", "single_local", "multi_input", "two_token", "joint_tight", "joint_relaxed")

@@ -37,7 +37,8 @@ __all__ = ["CCMCProblem", "QUERY_VARIANTS", "GOLDEN_P", "CYCLE_P", "STOCHASTIC_T
            "uniform_chain_constant", "polya_share_moments", "fitness_exponents", "diagonal_loser_exponents",
            "stationary_law_of_q", "invasion_rates", "fluid_rhs", "fluid_rhs_into", "pack_fluid_params",
            "equilibrium_on_support", "EQUILIBRIUM_TOLERANCE", "StabilityVerdict", "transversal_stability",
-           "is_transversally_stable", "UncertifiedSolution", "diagonal_dominant_chain", "rank_one_chain"]
+           "is_transversally_stable", "UncertifiedSolution", "diagonal_dominant_chain", "rank_one_chain",
+           "nll_and_gradient_kernel", "read_only_copy"]
 
 QUERY_VARIANTS = ("self", "exclude")
 # Row sums of P are checked to this absolute tolerance.

@@ -29,7 +29,8 @@ from .parameters import Parameter, parse_parameters
 
 __all__ = ["OneNNProblem", "t_density", "ReducedLoss", "reduced_loss", "reduced_loss_on_grid",
            "reduced_loss_adaptive", "reduced_gd_step", "reduced_flow_rhs", "pack_reduced_params",
-           "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "MAX_GRID", "DYNAMICS_RESOLUTION"]
+           "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "MAX_GRID", "DYNAMICS_RESOLUTION",
+           "theta_nodes"]
 
 # (n_theta, n_lambda) to start refining from: ~1e-3 relative error for ξ₁ <= 40 (docs/one_nn.md §6).
 DEFAULT_GRID = (500, 300)

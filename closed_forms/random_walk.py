@@ -28,7 +28,8 @@ from .softmax import max_propagating_nan, softmax_into
 __all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
            "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "reduced_losses", "accuracies", "step_one_v", "one_hot_map",
            "deterministic_closure", "direction_error", "claim3_direction", "sqrt_law_direction",
-           "direction_plateau", "MAX_ENUMERATED_STEPS", "TIE_TOLERANCE"]
+           "direction_plateau", "MAX_ENUMERATED_STEPS", "TIE_TOLERANCE",
+           "walk_distribution"]
 
 # Two scores closer than this, relative to the largest weight, are one score computed in two orders: a tie that
 # the smallest-label rule breaks. Round-off in a score is about N·1e-16 of it; real gaps are far above 1e-12.

@@ -27,7 +27,8 @@ __all__ = ["SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_
            "closure_map_step", "reduced_risk", "normalised_flow_rhs", "normalised_flow_rhs_into", "pack_line_params",
            "least_squares_V", "stage1_duration", "slow_mode_rate", "population_map_step", "population_map", "relative_distance",
            "off_support_spread", "transfer_start", "transfer_overlap", "transfer_step_size", "soft_threshold", "proximal_family_step",
-           "STOCHASTIC_TOLERANCE", "label_integrated_noise_sums", "NOISE_MOMENT_NAMES"]
+           "STOCHASTIC_TOLERANCE", "label_integrated_noise_sums", "NOISE_MOMENT_NAMES",
+           "related_transition"]
 
 # K_P and K_Q at or below this are no signal at all (they are sums of squares of O(1) entries).
 DEGENERATE_SIGNAL = 1e-12

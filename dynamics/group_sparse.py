@@ -23,7 +23,8 @@ from attnflow.seeding import SeedLike, as_seed_sequence
 from .montecarlo import Trajectory, check_run_length, log_grid
 
 __all__ = ["sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "position_only_flow", "attention_on_star",
-           "attention_matrix", "population", "minibatch"]
+           "attention_matrix", "population", "minibatch",
+           "sample_downstream", "fine_tune", "transformer_error", "logistic_regression", "linear_error"]
 
 
 def sample_data(problem: GroupSparseProblem, n: int, rng: np.random.Generator, *, symmetrise: bool = False):

@@ -22,7 +22,8 @@ from attnflow.seeding import SeedLike, as_seed_sequence, spawn
 from .montecarlo import Trajectory, check_run_length, log_grid
 
 __all__ = ["sample_paths", "reduced_trajectory", "Sequences", "population_sequences", "sample_sequences",
-           "full_gd_trajectory", "full_accuracy", "population", "minibatch"]
+           "full_gd_trajectory", "full_accuracy", "population", "minibatch",
+           "positional_embeddings_cached"]
 
 
 def sample_paths(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Paths:

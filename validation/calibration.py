@@ -53,7 +53,8 @@ from .stats import clopper_pearson
 __all__ = ["Calibration", "calibrate", "depends_on_seed", "RESOLUTION", "CEILING", "verdict", "seeds_needed",
            "SuiteAlarmRate", "suite_alarm_rate", "TABLE_SCHEMA", "read_table", "write_table",
            "update_table", "table_entry", "render_table", "verify_row", "rewitness_row", "platform",
-           "claim_source_digest", "WITNESSES"]
+           "claim_source_digest", "WITNESSES",
+           "witness", "witnesses_here", "assertion_digest", "drop_from_table"]
 
 RESOLUTION = 0.01  # the smallest false-FAIL rate a calibration is asked to resolve
 # The rate a calibration must exclude to say anything: the interval's upper end must lie below 20%, a check that

@@ -34,7 +34,8 @@ from .fingerprint import module_fingerprint
 
 __all__ = ["ClaimTask", "ClaimBatch", "batches", "CheckRun", "RECORD_FIELDS", "run_checks", "result_from_record", "figure_from_record",
            "figure_files_from_record", "tasks_for",
-           "expected_seconds", "match_expression", "library_versions", "store_for", "stored_results"]
+           "expected_seconds", "match_expression", "library_versions", "store_for", "stored_results",
+           "systems_with_cold_kernels"]
 
 RECORD_FIELDS = ("key", "kind", "claim", "setting", "seed", "version", "libraries", "code", "platform", "result",
                  "figure", "figure_drawn", "seconds", "run_id")

@@ -16,7 +16,8 @@ import numpy as np
 
 from .claims import Outcome, claim
 
-__all__ = ["require_installed", "MISSING"]
+__all__ = ["require_installed", "MISSING",
+           "train_regression", "regression_errors", "regression_problem", "deep_mlp_table1", "scb_stage_lengths", "deep_softmax_stages", "one_nn_errors_and_mass", "deep_trained_attention", "deep_decoder_under_shift"]
 
 MISSING = "attnflow[deep] is not installed: pip install -e '.[deep]'"
 

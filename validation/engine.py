@@ -26,7 +26,8 @@ import time
 import uuid
 from pathlib import Path
 
-__all__ = ["RUN_ID", "ResultStore", "write_atomically", "run_tasks", "execute", "one_blas_thread", "worker_count"]
+__all__ = ["RUN_ID", "ResultStore", "write_atomically", "run_tasks", "execute", "one_blas_thread", "worker_count",
+           "checksum"]
 
 # Identifies the process that computed a record (the kill-and-resume tests use it).
 RUN_ID = uuid.uuid4().hex

@@ -15,7 +15,8 @@ from attnflow import seeding
 
 __all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "clopper_pearson", "sign_test_threshold", "RateFit",
            "fit_exponential_rate", "fit_power_law", "satterthwaite_df", "variance_ratio_interval",
-           "widen_for_prediction_error", "welch_df"]
+           "widen_for_prediction_error", "welch_df",
+           "Extrapolation", "richardson_in_batch", "ExponentFit", "fit_exponent_t", "fit_exponent_difference", "fit_exponent"]
 
 Z_TOLERANCE = 4.0
 

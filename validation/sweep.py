@@ -37,7 +37,8 @@ from .report import version
 from .stats import ExponentFit, fit_exponent
 
 __all__ = ["Task", "ResultStore", "result_store", "SweepResult", "parse_grid", "replicate_seed", "run_seed", "run_sweep", "run_replicates",
-           "execute_task", "scaling_fit"]
+           "execute_task", "scaling_fit",
+           "target_fingerprint", "target_law"]
 
 # ==================================================================================================
 # Tasks and their keys
