@@ -23,7 +23,7 @@ from scipy.sparse import csgraph
 
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
-from attnflow.closed_forms.attention_svm import LOG_LOSS_CODE, log_scaled_logit_gradient
+from attnflow.closed_forms.logit_losses import LOG_LOSS_CODE, log_scaled_logit_gradient
 from attnflow.closed_forms.certificates import UncertifiedSolution
 from attnflow.closed_forms.max_margin import equality_ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters

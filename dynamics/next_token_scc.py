@@ -17,7 +17,7 @@ from numba import njit
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms import next_token_scc as cf
-from attnflow.closed_forms.attention_svm import LOG_LOSS_CODE, log_scaled_logit_gradient
+from attnflow.closed_forms.logit_losses import LOG_LOSS_CODE, log_scaled_logit_gradient
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.closed_forms.softmax import softmax_into
 
