@@ -61,12 +61,12 @@ def side_by_side(cases: dict[str, Callable[[], object]], repeats: int, warmup: b
     return {label: statistics.median(values) for label, values in timings.items()}
 
 
-def gemm_rate(m: int, k: int, n: int, repeats: int = 7) -> float:
-    """Measured float64 GEMM rate (flop/s) of an (m, k) @ (k, n) product on this core: 2mkn flops per call, with
-    as many calls per timing as make it last about 20 ms."""
+def gemm_rate(m: int, k: int, n: int, repeats: int = 7, dtype=np.float64) -> float:
+    """Measured GEMM rate (flop/s, float64 unless ``dtype`` says otherwise) of an (m, k) @ (k, n) product on this
+    core: 2mkn flops per call, with as many calls per timing as make it last about 20 ms."""
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
-    out = np.empty((m, n))
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype)
     np.matmul(a, b, out=out)
     calls = max(1, int(2e7 / max(2.0 * m * k * n, 1.0)))
     best = np.inf

@@ -37,19 +37,8 @@ LR = 1e-3
 
 
 def float32_gemm_rate(n: int = 512, repeats: int = 7) -> float:
-    """float32 GEMM rate (flop/s) of an n × n product on this core, timed as ``_common.gemm_rate``."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    out = np.empty((n, n), np.float32)
-    np.matmul(a, b, out=out)
-    calls = max(1, int(2e7 / (2.0 * n ** 3)))
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            np.matmul(a, b, out=out)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return 2.0 * n ** 3 / best
+    """float32 GEMM rate (flop/s) of an n × n product on this core (``_common.gemm_rate`` in float32)."""
+    return gemm_rate(n, n, n, repeats, dtype=np.float32)
 
 
 # ------------------------------------------------------------------------------------------------------------
