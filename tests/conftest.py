@@ -33,6 +33,16 @@ def assert_figure_is_clean(result):
     assert not defects, (result.name, defects)
 
 
+def small_figure(title: str = "a test figure"):
+    """A small clean figure (one theory line, labelled axes) for tests of what is done with a figure."""
+    from attnflow.validation import plots
+
+    fig, ax = plots.figure()
+    plots.theory_line(ax, [1, 2, 3], [1, 4, 9])
+    plots.finish(ax, title, "$x$", "$x^2$")
+    return fig
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261122)

@@ -15,14 +15,7 @@ import pytest
 from attnflow import Outcome, run_claim, select
 from attnflow.validation import claim_runs, figure_check, plots, report, systems
 from attnflow.validation.claims import Claim
-from tests.conftest import assert_figure_is_clean
-
-
-def _clean_figure():
-    fig, ax = plots.figure()
-    plots.theory_line(ax, [1, 2, 3], [1, 4, 9])
-    plots.finish(ax, "a clean figure", "$x$", "$x^2$")
-    return fig
+from tests.conftest import assert_figure_is_clean, small_figure
 
 
 def _defects(fig):
@@ -30,7 +23,7 @@ def _defects(fig):
 
 
 def test_a_clean_figure_has_no_defect():
-    assert _defects(_clean_figure()) == []
+    assert _defects(small_figure()) == []
 
 
 def test_a_title_wider_than_the_canvas_is_a_defect():

@@ -13,8 +13,10 @@ import numba
 import pytest
 
 from attnflow import Claim, Outcome, run_claim
-from attnflow.validation import notation, plots, report
+from attnflow.validation import notation, report
 from attnflow.validation.cli import main
+
+from .conftest import small_figure
 
 CHEAP_CLAIMS = ["gd_beta.risk_formula", "attention_svm.single_input_svm", "ccmc.base_chain_row"]
 SMALL_RUNS = {  # two systems, at settings that take seconds
@@ -31,13 +33,6 @@ TRICKY_LABELS = {  # what broke the Markdown table or would vanish as markup
 
 def _fake(function, *, name="fake.claim", reference="nowhere", finding="", quick=None):
     return Claim(name, reference, "a claim for testing", function, quick or {}, {}, finding)
-
-
-def _figure():
-    fig, ax = plots.figure()
-    plots.theory_line(ax, [1, 2, 3], [1, 4, 9])
-    plots.finish(ax, "a test figure", "$x$", "$x^2$")
-    return fig
 
 
 def _validator(name):
@@ -59,11 +54,11 @@ def _fake_results():
         raise RuntimeError("kaput")
 
     return [
-        run_claim(_fake(outcome(True, figure=_figure, false_fail_rate=6e-5), name="fake.passes",
+        run_claim(_fake(outcome(True, figure=small_figure, false_fail_rate=6e-5), name="fake.passes",
                         reference="the identity of docs/ccmc.md §3.1"), seed=0),
         run_claim(_fake(outcome(False, notes="see docs/attention_svm.md §7.2 for why"), name="fake.fails"),
                   seed=np.random.SeedSequence(5, spawn_key=(2,))),
-        run_claim(_fake(outcome(False, figure=_figure), name="fake.finding",
+        run_claim(_fake(outcome(False, figure=small_figure), name="fake.finding",
                         finding="it does not hold as stated"), seed=0),
         run_claim(_fake(crash, name="fake.crashes"), seed=0),
         run_claim(_fake(lambda seed: Outcome({"Max |z|": 1.0}, {"nan_value": float("nan")}, "t", "b", passed=True),
@@ -254,7 +249,7 @@ def test_reports_of_every_status_hold_every_number_label_and_figure(tmp_path):
 
     def counted_figure():
         calls.append(1)
-        return _figure()
+        return small_figure()
 
     results = _fake_results()
     results[0].figure = counted_figure

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from attnflow import Claim, Outcome, run_claim
-from attnflow.validation import notation, plots, report, rundiff
+from attnflow.validation import notation, report, rundiff
 from attnflow.validation.cli import main
+
+from .conftest import small_figure
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -62,15 +64,8 @@ def _claim(name, passed=True, *, finding="", crash=False, figure=True, reference
             raise RuntimeError("the solver gave up")
         return Outcome({"max_error": 2.5e-16, "slope": -1.98}, {"slope": -2.0}, "|slope + 2| < 0.05",
                        "4 standard errors", passed=passed, labels={"slope": r"slope of $L^*_{\rm LoRA}$"},
-                       figure=_figure if figure else None, false_fail_rate=6e-5)
+                       figure=small_figure if figure else None, false_fail_rate=6e-5)
     return run_claim(Claim(name, reference, "a claim for testing", function, {}, {}, finding), seed=0)
-
-
-def _figure():
-    fig, ax = plots.figure()
-    plots.theory_line(ax, [1, 2, 3], [1, 4, 9])
-    plots.finish(ax, "a test figure", "$x$", "$x^2$")
-    return fig
 
 
 def _results():
