@@ -26,7 +26,7 @@ from attnflow.closed_forms.max_margin import equality_ldp, ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
 from attnflow.closed_forms.softmax import max_propagating_nan
 
-__all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
+__all__ = ["log_abs_loss_derivative", "AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
            "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "kernel_labels", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
@@ -388,7 +388,11 @@ def certified_svm(problem: AttentionSVMProblem, alpha=None, norm: str = "fro", *
 
 def rank(W, relative: float = 1e-5) -> int:
     """Numerical rank: singular values above ``relative``·σ_max (§3.2)."""
-    s = np.linalg.svd(np.asarray(W, float), compute_uv=False)
+    W = check.finite_array(W, "W")
+    if W.ndim not in (1, 2):
+        raise ValueError(f"W must be a vector or a matrix, got shape {W.shape}")
+    relative = check.real(relative, "relative", minimum=0.0, strict=True)
+    s = np.linalg.svd(np.atleast_2d(W), compute_uv=False)
     return int(np.sum(s > relative * s[0])) if s.size and s[0] > 0 else 0
 
 
@@ -421,7 +425,9 @@ def is_locally_optimal(problem: AttentionSVMProblem, alpha=None, norm: str = "fr
 
 def log_abs_loss_derivative(u, loss: str):
     """log|ℓ'(u)|: logistic −log(1 + e^u), linear 0, exponential −u."""
-    u = np.asarray(u, float)
+    u = check.finite_array(u, "u")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     if loss == "logistic":
         return -np.logaddexp(0.0, u)
     if loss == "linear":
@@ -703,11 +709,14 @@ def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = 
     """Loss L(θ) = (1/n)Σ ℓ(Y_i f_i) and ∇_θ L (§2.3) at θ (p: (d,), W: (d, d)).
 
     Returns ``loss``, ``log_loss``, ``gradient`` (underflows to 0 far out), ``direction`` ∇L/||∇L|| (exact at any
-    ||θ||), ``log_gradient_scale`` (log of the factor e^c) and ``unsat`` = max_i(1 − max_t s_it)."""
+    ||θ||), ``log_gradient_scale`` (log of the factor e^c) and ``unsat`` = max_i(1 − max_t s_it). The linear loss
+    can be negative: its ``log_loss`` is log L where L > 0 and None where log L is undefined."""
     l = logits(problem, theta)
     a = problem.X @ problem.v
     D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, kernel_labels(problem), LOSS_CODE[problem.loss])
     g = np.einsum("it,itp->p", D, problem.features).reshape(problem.theta_shape())
     norm = np.linalg.norm(g)
-    return dict(loss=float(loss), log_loss=float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,
+    if problem.loss == "linear":  # the kernel leaves log L to the caller: L = −mean(u) may be ≤ 0
+        log_loss = float(np.log(loss)) if loss > 0 else None
+    return dict(loss=float(loss), log_loss=None if log_loss is None else float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,
                 direction=g / norm if norm > 0 else g, log_gradient_scale=float(c), unsat=float(unsat))
