@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnflow.closed_forms import checks as check
+
+from .montecarlo import MAX_STEPS
+
 __all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule"]
 
 
 def cosine_schedule(lr: float, steps: int, final_fraction: float = 0.01) -> np.ndarray:
     """The learning rates η₁, …, η_steps of every optimiser here: a cosine decay from ``lr`` to
     ``lr * final_fraction`` (step k uses progress k/steps)."""
+    lr = check.real(lr, "lr", minimum=0.0, strict=True)
+    steps = check.integer(steps, "steps", minimum=1)
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps must be <= {MAX_STEPS:.0e}, got {steps}")
+    final_fraction = check.real(final_fraction, "final_fraction", minimum=0.0, maximum=1.0)
     return _cosine(lr, np.minimum(np.arange(1, steps + 1) / steps, 1.0), final_fraction)
 
 
