@@ -18,7 +18,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.scb import SCBProblem
 
 from attnflow.seeding import SeedLike, generator_state, spawn
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, parse_parameters
 
 from .errors import DivergenceError, StageFailure
 from .integrate import iterate_map, solve_dopri5
@@ -781,10 +781,16 @@ def population(problem: SCBProblem, *, eta: float = ETA, steps: int = 100) -> Tr
 def minibatch(problem: SCBProblem, *, seed: SeedLike, eta: float = ETA, lam: float = 0.01, stage1_steps: int = 40,
               stage1_batch: int = 8000, stage2_steps: int = 150, stage2_batch: int = 2000, stage3_steps: int = 80,
               stage3_batch: int = 4000) -> Trajectory:
-    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in docs/scb.md §11."""
-    return run_algorithm1(problem, StageSettings(stage1_steps, stage1_batch, eta),
-                          StageSettings(stage2_steps, stage2_batch, eta, lam=lam),
-                          StageSettings(stage3_steps, stage3_batch, eta, eta_V=0.1 / problem.K_Q), seed=seed)
+    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in docs/scb.md §11.
+    The options are checked against MINIBATCH_OPTIONS, the records of ``attnflow simulate scb --param``."""
+    o = parse_parameters(MINIBATCH_OPTIONS, dict(eta=eta, lam=lam, stage1_steps=stage1_steps, stage1_batch=stage1_batch,
+                                                 stage2_steps=stage2_steps, stage2_batch=stage2_batch,
+                                                 stage3_steps=stage3_steps, stage3_batch=stage3_batch),
+                         owner="scb minibatch")
+    return run_algorithm1(problem, StageSettings(o["stage1_steps"], o["stage1_batch"], o["eta"]),
+                          StageSettings(o["stage2_steps"], o["stage2_batch"], o["eta"], lam=o["lam"]),
+                          StageSettings(o["stage3_steps"], o["stage3_batch"], o["eta"], eta_V=0.1 / problem.K_Q),
+                          seed=seed)
 
 
 # The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
