@@ -21,12 +21,12 @@ import numpy as np
 
 from attnflow import seeding
 from attnflow.closed_forms import checks as check
-from attnflow.closed_forms.certificates import ROUND_OFF, UncertifiedSolution, rank_decision
+from attnflow.closed_forms.certificates import ROUND_OFF, UncertifiedSolution, check_cut, rank_decision
 from attnflow.closed_forms.max_margin import equality_ldp, ldp, nuclear_program
 from attnflow.closed_forms.parameters import Parameter, parse_parameters
 from attnflow.closed_forms.logit_losses import LOG_LOSS_CODE, LOSS_CODE, LOSSES, log_scaled_logit_gradient
 
-__all__ = ["AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
+__all__ = ["log_abs_loss_derivative", "AttentionSVMProblem", "LOSSES", "LOG_LOSS_CODE", "INSTANCES", "SVMSolution", "constraint_rows", "svm", "ldp",
            "nuclear_svm", "frobenius_svm", "support_tokens", "is_locally_optimal", "offset_prediction",
            "relaxed_svm", "value_svm", "loss_and_gradient", "log_scaled_logit_gradient", "kernel_labels", "logits",
            "corr", "two_token_offset", "single_input_svm", "rank", "SelectionSVM", "selection_rows",
@@ -388,8 +388,12 @@ def rank(W, relative: float = 1e-5, *, accuracy: float = 0.0) -> int:
     below the cut must be a zero to the accuracy W is known, at most max(``certificates.ROUND_OFF``, ``accuracy``)·σ_max
     (``accuracy``: a solver's, :attr:`SVMSolution.accuracy`); one above it is a genuine small value that the cut would
     read as zero, and raises :class:`UncertifiedSolution` instead."""
+    W = check.finite_array(W, "W")
+    if W.ndim not in (1, 2):
+        raise ValueError(f"W must be a vector or a matrix, got shape {W.shape}")
+    relative = check_cut(relative, "relative")
     accuracy = check.real(accuracy, "accuracy", minimum=0.0)
-    s = np.linalg.svd(np.asarray(W, float), compute_uv=False)
+    s = np.linalg.svd(np.atleast_2d(W), compute_uv=False)
     return rank_decision(s, relative, max(ROUND_OFF, accuracy)).require("rank")
 
 
@@ -422,7 +426,9 @@ def is_locally_optimal(problem: AttentionSVMProblem, alpha=None, norm: str = "fr
 
 def log_abs_loss_derivative(u, loss: str):
     """log|ℓ'(u)|: logistic −log(1 + e^u), linear 0, exponential −u."""
-    u = np.asarray(u, float)
+    u = check.finite_array(u, "u")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     if loss == "logistic":
         return -np.logaddexp(0.0, u)
     if loss == "linear":
@@ -614,7 +620,8 @@ def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = 
 
     Returns ``loss``, ``log_loss``, ``gradient`` (underflows to 0 far out), ``direction`` ∇L/||∇L|| (exact at any
     ||θ||), ``log_gradient_scale`` (log of the factor e^c), ``log_gradient_norm`` log||∇L|| (finite where the
-    gradient underflows, :func:`log_gradient_norm`) and ``unsat`` = max_i(1 − max_t s_it)."""
+    gradient underflows, :func:`log_gradient_norm`) and ``unsat`` = max_i(1 − max_t s_it). The linear loss can be
+    negative: its ``log_loss`` is log L where L > 0 and None where log L is undefined."""
     l = logits(problem, theta)
     a = problem.X @ problem.v
     D, c, loss, log_loss, unsat = log_scaled_logit_gradient(l, a, kernel_labels(problem), LOSS_CODE[problem.loss])
@@ -622,9 +629,11 @@ def loss_and_gradient(problem: AttentionSVMProblem, theta, *, log_scale: bool = 
     norm = np.linalg.norm(g)
     with np.errstate(divide="ignore"):  # a zero gradient has log-norm −inf
         log_norm = float(c + np.log(norm)) if np.isfinite(c) else -np.inf
-    return dict(loss=float(loss), log_loss=float(log_loss), gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0,
-                direction=g / norm if norm > 0 else g, log_gradient_scale=float(c), log_gradient_norm=log_norm,
-                unsat=float(unsat))
+    if problem.loss == "linear":  # the kernel leaves log L to the caller: L = −mean(u) may be ≤ 0
+        log_loss = float(np.log(loss)) if loss > 0 else None
+    return dict(loss=float(loss), log_loss=None if log_loss is None else float(log_loss),
+                gradient=g * np.exp(c) if np.isfinite(c) else g * 0.0, direction=g / norm if norm > 0 else g,
+                log_gradient_scale=float(c), log_gradient_norm=log_norm, unsat=float(unsat))
 
 
 def log_gradient_norm(problem: AttentionSVMProblem, theta) -> float:

@@ -26,11 +26,11 @@ from numba import njit
 from scipy import optimize
 
 from . import checks as check
-from .certificates import RankDecision, UncertifiedSolution, rank_decision
+from .certificates import RankDecision, UncertifiedSolution, check_cut, rank_decision
 from .lapack import DGESV, solve_into
 from .parameters import Parameter, parse_parameters
 
-__all__ = ["CCMCProblem", "QUERY_VARIANTS", "GOLDEN_P", "CYCLE_P", "STOCHASTIC_TOLERANCE", "MAX_ENUMERATED_PROMPTS",
+__all__ = ["nll_and_gradient_kernel", "read_only_copy", "MAX_CHAIN_K", "MAX_UNIFORM_K", "CCMCProblem", "QUERY_VARIANTS", "GOLDEN_P", "CYCLE_P", "STOCHASTIC_TOLERANCE", "MAX_ENUMERATED_PROMPTS",
            "centred_logits", "chain_from_logits", "check_chain", "check_prompts", "key_counts", "ccmc_law",
            "positional_law", "nll_theta", "nll_gradient_theta", "all_prompts", "fisher_information", "fisher_rank",
            "fisher_rank_decision", "FISHER_RANK_CUT", "predicted_fisher_rank", "jacobians", "asymptotic_constants",
@@ -52,6 +52,10 @@ PSEUDO_INVERSE_CUT = 1e-10
 # An equilibrium is accepted when max_{k∈S} |λ_k(f) − 1| is at most this (§6.5); λ is known to about this accuracy
 # there, so a transversal-stability verdict with 1 − λ_k within it of 0 is not decided.
 EQUILIBRIUM_TOLERANCE = 1e-9
+# Largest K of a chain built from K alone (K × K entries), and of the uniform-chain constant (K pseudo-inverses of
+# K × K matrices, O(K⁴)): beyond them a typo, not an experiment.
+MAX_CHAIN_K = 2000
+MAX_UNIFORM_K = 200
 
 # The base chain of the MLE golden value (§5.5) and of the fluid-limit golden example (§6.5).
 GOLDEN_P = np.array([[.4, .3, .2, .1], [.1, .4, .3, .2], [.2, .1, .4, .3], [.3, .2, .1, .4]])
@@ -277,16 +281,23 @@ def _learning_data(K, prompts, y, query, weights):
     return counts, np.ascontiguousarray(prompts[:, -1]), y.astype(np.int64), np.ascontiguousarray(weights)
 
 
+def _square_logits(Theta) -> np.ndarray:
+    Theta = check.finite_array(Theta, "Theta", ndim=2, order="C")
+    if Theta.shape[0] != Theta.shape[1]:
+        raise ValueError(f"Theta must be K x K, got shape {Theta.shape}")
+    return Theta
+
+
 def nll_theta(Theta, prompts, y, query: str = "self", weights=None) -> float:
     """ℓ̂_n(Θ) = mean[log Σ_j m_j e^{Θ_{a,j}} − Θ_{a,y}] (§5.1, eq. 5.1): the raw model's negative log-likelihood
     plus mean(log m_y), convex in Θ. Theta : (K, K); prompts : (n, L); y : (n,)."""
-    Theta = check.finite_array(Theta, "Theta", ndim=2, order="C")
+    Theta = _square_logits(Theta)
     return float(_nll_and_gradient(Theta, *_learning_data(Theta.shape[0], prompts, y, query, weights))[0])
 
 
 def nll_gradient_theta(Theta, prompts, y, query: str = "self", weights=None) -> np.ndarray:
     """∇_Θ ℓ̂_n (K, K): row a is the mean over samples with last token a of (p(·|X) − e_y) (§5.1, eq. 5.2)."""
-    Theta = check.finite_array(Theta, "Theta", ndim=2, order="C")
+    Theta = _square_logits(Theta)
     return _nll_and_gradient(Theta, *_learning_data(Theta.shape[0], prompts, y, query, weights))[1]
 
 
@@ -356,7 +367,7 @@ def fisher_rank_decision(F, relative_tolerance: float = FISHER_RANK_CUT) -> Rank
     (:class:`~attnflow.closed_forms.certificates.RankDecision`: its smallest kept and largest dropped eigenvalues,
     relative to the largest, are the margin on either side of the cut)."""
     F = check.finite_array(F, "F", ndim=3)
-    relative_tolerance = check.real(relative_tolerance, "relative_tolerance", minimum=0.0, strict=True, maximum=1.0)
+    relative_tolerance = check_cut(relative_tolerance, "relative_tolerance")
     return rank_decision(np.linalg.eigvalsh(F), relative_tolerance)
 
 
@@ -428,6 +439,8 @@ def uniform_chain_constant(K: int, L: int | None = None) -> float:
     F_a = (1/K)[diag μ − μμᵀ − (L − 1)(diag u − uuᵀ)/L²] with μ = (e_a + (L − 1)u)/L. ``L=None`` gives the limit
     L → ∞, K(K − 1)."""
     K = check.integer(K, "K", minimum=2)
+    if K > MAX_UNIFORM_K:
+        raise ValueError(f"K must be <= {MAX_UNIFORM_K} (K pseudo-inverses of K x K matrices), got {K}")
     if L is None:
         return float(K * (K - 1))
     L = check.integer(L, "L", minimum=1)
@@ -468,6 +481,8 @@ def rank_one_chain(v) -> np.ndarray:
 def diagonal_dominant_chain(K: int, diagonal: float) -> np.ndarray:
     """P = p_diag I + (1 − p_diag)/(K − 1) (11ᵀ − I) (§6.4)."""
     K = check.integer(K, "K", minimum=2)
+    if K > MAX_CHAIN_K:
+        raise ValueError(f"K must be <= {MAX_CHAIN_K} (a K x K chain), got {K}")
     diagonal = check.real(diagonal, "diagonal", minimum=0.0, maximum=1.0, strict=True)
     if diagonal >= 1:
         raise ValueError("diagonal must be < 1 (every entry of P must be positive)")

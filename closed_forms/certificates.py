@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["UncertifiedSolution", "RankDecision", "rank_decision", "ROUND_OFF"]
+from . import checks as check
+
+__all__ = ["UncertifiedSolution", "RankDecision", "rank_decision", "check_cut", "ROUND_OFF"]
 
 # An eigenvalue or singular value at most this fraction of the largest is round-off of an exact zero: in float64 a
 # product or sum of a few hundred terms carries relative errors of about 1e-15 (measured: ≤ 1.1e-15 on the
@@ -58,10 +60,20 @@ class RankDecision:
         return self.rank
 
 
+def check_cut(cut, name: str) -> float:
+    """A relative rank cut in (0, 1): at 1 or above not even the largest value would count."""
+    cut = check.real(cut, name, minimum=0.0, strict=True)
+    if cut >= 1.0:
+        raise ValueError(f"{name} must be < 1 (a cut relative to the largest value), got {cut}")
+    return cut
+
+
 def rank_decision(values, cut: float, round_off: float = ROUND_OFF) -> RankDecision:
     """The rank of ``values`` (eigenvalues of a PSD matrix or singular values, any shape) at ``cut`` relative to the
     largest magnitude, with its certificate (:class:`RankDecision`). All values zero: rank 0, certified."""
-    values = np.ravel(np.asarray(values, float))
+    values = np.ravel(check.finite_array(values, "values"))
+    cut = check_cut(cut, "cut")
+    round_off = check.real(round_off, "round_off", minimum=0.0)
     largest = float(np.abs(values).max(initial=0.0))
     if largest == 0.0:
         return RankDecision(0, cut, float("nan"), 0.0, round_off)

@@ -73,6 +73,14 @@ def integer(value, name: str, minimum: int | None = None) -> int:
     return value
 
 
+def boolean(value, name: str) -> bool:
+    """True or False (a numpy bool too); anything else — 0, 1, "yes", NaN — is refused, since its truth value would
+    silently pick a branch."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def real(value, name: str, *, minimum: float | None = None, strict: bool = False,
          maximum: float | None = None) -> float:
     """A finite real number, optionally ``>= minimum`` (or ``> minimum`` when ``strict``) and ``<= maximum``."""

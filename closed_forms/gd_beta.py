@@ -26,7 +26,7 @@ from .parameters import Parameter, parse_parameters, square_matrix
 from .linalg import numerical_rank, psd_eigh, psd_power, range_basis
 from .linear_icl import omega_matrix, optimal_step_matrix, preconditioned_gd_risk, spectral_optimal_risk
 
-__all__ = [
+__all__ = ["ltb_embedding", "context_gd_step", 
     "GDBetaProblem",
     "icl_risk",
     "excess_risk_parts",
@@ -375,13 +375,22 @@ def gd0_optimal_risk(problem: GDBetaProblem) -> float:
 # ==================================================================================================
 
 
+def _check_contexts(problem: GDBetaProblem, X, y) -> tuple[np.ndarray, np.ndarray]:
+    """Contexts X (..., N, d) and labels y (..., N), finite and of matching shapes."""
+    X = check.finite_array(X, "X")
+    if X.ndim < 2 or X.shape[-2:] != (problem.N, problem.d):
+        raise ValueError(f"X must have shape (..., N, d) = (..., {problem.N}, {problem.d}), got {X.shape}")
+    y = check.finite_array(y, "y", shape=X.shape[:-1])
+    return X, y
+
+
 def bayes_estimate(problem: GDBetaProblem, X, y) -> np.ndarray:
     """Posterior mean β̂ = β* + ΨXᵀ(XΨXᵀ + σ²I)⁺(y − Xβ*) (Lemma 6.1; pseudo-inverse covers σ² = 0).
 
     X : shape (..., N, d); y : shape (..., N). Returns shape (..., d).
     """
-    X = np.asarray(X, dtype=float)
-    resid = np.asarray(y, dtype=float) - X @ problem.beta_star
+    X, y = _check_contexts(problem, X, y)
+    resid = y - X @ problem.beta_star
     Xt = np.swapaxes(X, -1, -2)
     gram = X @ problem.Psi @ Xt + problem.sigma2 * np.eye(X.shape[-2])
     weights = np.linalg.pinv(gram, hermitian=True) @ resid[..., None]
@@ -401,7 +410,9 @@ def bayes_conditional_excess(problem: GDBetaProblem, X) -> np.ndarray:
     (below d·N·ε·λ_max) set to exactly 0. The limit σ² → 0 is then exact: the projector on the null space, and
     exactly 0 when G has full rank.
     """
-    X = np.asarray(X, dtype=float)
+    X = check.finite_array(X, "X", ndim=3)
+    if X.shape[1:] != (problem.N, problem.d):
+        raise ValueError(f"X must have shape (n, N, d) = (n, {problem.N}, {problem.d}), got {X.shape}")
     Ph = problem.Psi_half
     Sigma = Ph @ problem.H @ Ph
     Xt = X @ Ph
@@ -428,10 +439,22 @@ EIGEN_FORM_BELOW = 1e-8
 # ==================================================================================================
 
 
+def _check_prompt(X, y, x_query, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A prompt (or a batch): X (..., N, d), y (..., N), x_query (..., d), finite and of matching shapes."""
+    X = check.finite_array(X, "X")
+    if X.ndim < 2 or X.shape[-1] != d:
+        raise ValueError(f"X must have shape (..., N, d) with d = {d} (the size of beta0, a), got {X.shape}")
+    y = check.finite_array(y, "y", shape=X.shape[:-1])
+    x_query = check.finite_array(x_query, "x_query", shape=X.shape[:-2] + (d,))
+    return X, y, x_query
+
+
 def gd_beta_predict(X, y, x_query, beta0, Gamma) -> np.ndarray:
     """GD-β prediction (5.1): x_qᵀ[β₀ − (1/N)ΓXᵀ(Xβ₀ − y)]. X (..., N, d), y (..., N), x_query (..., d)."""
-    X, y, x_query = (check.finite_array(v, name) for v, name in ((X, "X"), (y, "y"), (x_query, "x_query")))
-    beta0, Gamma = check.finite_array(beta0, "beta0", ndim=1), check.finite_array(Gamma, "Gamma", ndim=2)
+    beta0 = check.finite_array(beta0, "beta0", ndim=1)
+    d = beta0.size
+    Gamma = check.finite_array(Gamma, "Gamma (d x d for beta0 of size d)", shape=(d, d))
+    X, y, x_query = _check_prompt(X, y, x_query, d)
     N = X.shape[-2]
     grad = np.einsum("...nd,...n->...d", X, X @ beta0 - y) / N
     beta_hat = beta0 - grad @ np.asarray(Gamma).T
@@ -443,12 +466,21 @@ def ltb_embedding(beta0, Gamma) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     K = [[Γᵀ, 0], [0, 0]], each (d+1) × (d+1); ``ltb_forward`` with them equals ``gd_beta_predict``."""
     beta0 = check.finite_array(beta0, "beta0", ndim=1)
     d = beta0.size
-    Gamma = check.finite_array(Gamma, "Gamma", shape=(d, d))
+    Gamma = check.finite_array(Gamma, "Gamma (d x d for beta0 of size d)", shape=(d, d))
     U, V, K = (np.zeros((d + 1, d + 1)) for _ in range(3))
     U[d, :d] = beta0
     V[d, :d], V[d, d] = -beta0, 1.0
     K[:d, :d] = Gamma.T
     return U, V, K
+
+
+def _check_ltb_weights(U, V, K, size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(U, V, K), each finite and (d+1) × (d+1) (of the size of K, or ``size``)."""
+    K = check.finite_array(K, "K", ndim=2)
+    size = K.shape[0] if size is None else size
+    if K.shape != (size, size) or size < 2:
+        raise ValueError(f"K must be (d+1) x (d+1) = {size} x {size} with d >= 1, got {K.shape}")
+    return (check.finite_array(U, "U", shape=(size, size)), check.finite_array(V, "V", shape=(size, size)), K)
 
 
 def ltb_forward(E, U, V, K, *, mlp: bool = True) -> np.ndarray:
@@ -457,7 +489,11 @@ def ltb_forward(E, U, V, K, *, mlp: bool = True) -> np.ndarray:
 
     ``mlp=False`` gives LSA (3.4) (U = 0). E : shape (..., d+1, N+1). Returns shape (...).
     """
-    E = np.asarray(E, dtype=float)
+    E = check.finite_array(E, "E")
+    if E.ndim < 2 or E.shape[-1] < 2:
+        raise ValueError(f"E must have shape (..., d+1, N+1) with N >= 1, got {E.shape}")
+    U, V, K = _check_ltb_weights(U, V, K, E.shape[-2])
+    mlp = check.boolean(mlp, "mlp")
     N = E.shape[-1] - 1
     context = E[..., :, :N]
     attention = V @ (context @ np.swapaxes(context, -1, -2)) @ K @ E / N
@@ -473,7 +509,9 @@ def ltb_reduced_coordinates(U, V, K, *, mlp: bool = True):
     c: first d entries of the last row of I + U (0 without MLP); (aᵀ, b): last row of (I + U)V;
     (Q; qᵀ): the first d columns of K.
     """
-    D = np.shape(K)[0]
+    U, V, K = _check_ltb_weights(U, V, K)
+    mlp = check.boolean(mlp, "mlp")
+    D = K.shape[0]
     d = D - 1
     IU = np.eye(D) + (U if mlp else 0.0)
     c = IU[-1, :d] if mlp else np.zeros(d)
@@ -483,7 +521,13 @@ def ltb_reduced_coordinates(U, V, K, *, mlp: bool = True):
 
 def ltb_reduced_predict(X, y, x_query, c, a, b, Q, q) -> np.ndarray:
     """Reduced LTB prediction x_qᵀ[c + Qᵀg + q r], g = Xᵀ(Xa + by)/N, r = yᵀ(Xa + by)/N (docs/gd_beta.md §2.1)."""
-    X = np.asarray(X, dtype=float)
+    a = check.finite_array(a, "a", ndim=1)
+    d = a.size
+    X, y, x_query = _check_prompt(X, y, x_query, d)
+    b = check.real(b, "b")
+    c = check.finite_array(c, "c", shape=(d,))
+    Q = check.finite_array(Q, "Q", shape=(d, d))
+    q = check.finite_array(q, "q", shape=(d,))
     N = X.shape[-2]
     v = X @ a + b * y
     g = np.einsum("...nd,...n->...d", X, v) / N
@@ -516,7 +560,8 @@ def readout_moments(problem: GDBetaProblem, a, b: float, *, constant: bool):
     H, Psi, bs, N, s2 = problem.H, problem.Psi, problem.beta_star, problem.N, problem.sigma2
     d = problem.d
     a = check.finite_array(a, "a", shape=(d,))
-    b = check.real(float(b), "b")
+    b = check.real(b, "b")
+    constant = check.boolean(constant, "constant")
     Xi = Psi + np.outer(bs, bs)
     w0 = a + b * bs
     S_w = np.outer(w0, w0) + b * b * Psi
@@ -613,6 +658,7 @@ def optimal_attention_risk(problem: GDBetaProblem, *, mlp: bool, gtol: float = 1
     BFGS from 2d + 6 deterministic starts and polished by Nelder–Mead from the best (docs/gd_beta.md §11.11). Theorem 5.3 says the LTB value equals R* (optimal GD-β); Theorem 4.1
     that LSA's exceeds it when β* ≠ 0.
     """
+    mlp = check.boolean(mlp, "mlp")
     problem.require_optimum_defined()
     d = problem.d
 
@@ -654,7 +700,7 @@ def beta_curvature(problem: GDBetaProblem, Gamma) -> np.ndarray:
     """B(Γ) = (I − HΓᵀ)H(I − ΓH) + (1/N)HΓᵀHΓH + (1/N)tr(ΓᵀHΓH) H (docs/gd_beta.md §3): for fixed Γ the risk is
     (β₀ − β*)ᵀB(Γ)(β₀ − β*) plus terms free of β₀, and B(Γ) ⪰ H/(N+1)."""
     H, N = problem.H, problem.N
-    Gamma = np.asarray(Gamma, float)
+    Gamma = check.finite_array(Gamma, "Gamma", shape=(problem.d, problem.d))
     GH = Gamma @ H
     M = np.eye(problem.d) - GH
     return M.T @ H @ M + GH.T @ H @ GH / N + np.trace(Gamma.T @ H @ GH) / N * H
@@ -855,23 +901,32 @@ def pack_flow_params(problem: GDBetaProblem) -> np.ndarray:
 def flow_state(beta0, Gamma) -> np.ndarray:
     """(β₀, Γ) -> flat state (β₀, vec Γ); batches (..., d), (..., d, d) -> (..., d + d²), the inverse of
     :func:`unpack_flow_state`."""
-    beta0, Gamma = np.asarray(beta0, float), np.asarray(Gamma, float)
+    beta0 = check.finite_array(beta0, "beta0")
+    if beta0.ndim < 1:
+        raise ValueError(f"beta0 must have shape (..., d), got {beta0.shape}")
+    d = beta0.shape[-1]
+    Gamma = check.finite_array(Gamma, f"Gamma (shape beta0.shape + (d,) for beta0 of shape {beta0.shape})",
+                               shape=beta0.shape + (d,))
     return np.concatenate([beta0, Gamma.reshape(Gamma.shape[:-2] + (-1,))], axis=-1)
 
 
 def unpack_flow_state(y, d: int) -> tuple[np.ndarray, np.ndarray]:
     """Flat state(s) of shape (..., d + d²) -> β₀ (..., d), Γ (..., d, d)."""
-    y = np.asarray(y, float)
+    d = check.integer(d, "d", minimum=1)
+    y = check.finite_array(y, "y")
+    if y.ndim < 1 or y.shape[-1] != d + d * d:
+        raise ValueError(f"y must have shape (..., d + d^2) = (..., {d + d * d}) for d = {d}, got {y.shape}")
     return y[..., :d], y[..., d:].reshape(y.shape[:-1] + (d, d))
 
 
 def flow_limit(problem: GDBetaProblem, beta0_init, Gamma_init) -> tuple[np.ndarray, np.ndarray]:
     """Limit of the flow, Theorem 6.3 (docs/gd_beta.md §9): the null-space parts never move,
     β₀(∞) = P_R β* + P_N β₀(0), Γ(∞) = Γ* + (Γ(0) − P_R Γ(0) P_R), with P_R the projector on range(H)."""
+    beta0_init = check.finite_array(beta0_init, "beta0_init", shape=(problem.d,))
+    G0 = check.finite_array(Gamma_init, "Gamma_init", shape=(problem.d, problem.d))
     P_R = problem.H_range_projector
     P_N = np.eye(problem.d) - P_R
-    G0 = np.asarray(Gamma_init, float)
-    return P_R @ problem.beta_star + P_N @ np.asarray(beta0_init, float), optimal_gamma(problem) + G0 - P_R @ G0 @ P_R
+    return P_R @ problem.beta_star + P_N @ beta0_init, optimal_gamma(problem) + G0 - P_R @ G0 @ P_R
 
 
 @dataclass(frozen=True)
@@ -998,6 +1053,8 @@ def excess_risk_sandwich(problem: GDBetaProblem) -> tuple[float, float]:
     ½ Σ min(ψᵢ, σ²/(N+1)) <= R* − σ² <= 2(1 + κ) Σ min(ψᵢ, σ²/N)."""
     psi, N, s2 = problem.psi, problem.N, problem.sigma2
     lower = 0.5 * np.minimum(psi, s2 / (N + 1)).sum()
+    if s2 == 0:  # the limit σ² → 0 of 2(1 + tr Ψ̃/σ²) Σ min(ψᵢ, σ²/N): 2 tr Ψ̃ · r/N, r = rank Ψ̃ (κ = ∞, ∞·0 below)
+        return float(lower), 2.0 * float(np.trace(problem.Psi_tilde)) * numerical_rank(problem.Psi_tilde) / N
     upper = 2 * (1 + snr(problem)) * np.minimum(psi, s2 / N).sum()
     return float(lower), float(upper)
 
@@ -1019,7 +1076,8 @@ def risk_hessian(problem: GDBetaProblem, beta0, Gamma, step: float = 1e-5) -> np
     """∇²R at (β₀, Γ) in the flat coordinates (β₀, vec Γ) of :func:`flow_state`, by central differences of the
     closed-form gradient (G.4, G.5). R is a polynomial of degree 4, so the error is O(step²·‖∇⁴R‖), about 1e-10."""
     d = problem.d
-    theta = flow_state(beta0, Gamma)
+    theta = flow_state(*check_parameters(problem, beta0, Gamma))
+    step = check.real(step, "step", minimum=0.0, strict=True)
     columns = []
     for k in range(theta.size):
         offset = np.zeros(theta.size)

@@ -28,6 +28,7 @@ __all__ = [
     "DESIGNS",
     "H3Problem",
     "random_walk_drift",
+    "MAX_DRIFT_N",
     "gradient_second_moment",
     "wpgd_risk",
     "pgd_risk",
@@ -71,10 +72,16 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
+# Largest n of a drift covariance built from (n, ρ²): an n × n matrix (200 MB here); beyond it a typo.
+MAX_DRIFT_N = 5000
+
+
 def random_walk_drift(n: int, rho2: float) -> np.ndarray:
     """C_ij = ρ²(n + 1 − max(i, j)) (i, j = 1..n): the drift covariance of a task that walks back from the query,
     β_{n+1} = β, β_i = β_{i+1} + η_i, η_i ~ N(0, ρ²I) (docs/linear_attention_h3.md §1.2)."""
     n = check.integer(n, "n", minimum=1)
+    if n > MAX_DRIFT_N:
+        raise ValueError(f"n must be <= {MAX_DRIFT_N} for a random-walk drift (an n x n covariance), got {n}")
     rho2 = check.real(rho2, "rho2", minimum=0.0)
     index = np.arange(1, n + 1)
     return rho2 * (n + 1 - np.maximum.outer(index, index)).astype(float)
@@ -519,7 +526,8 @@ def isotropic_correlated_optimum(design: str, d: int, n: int, alpha: float, sigm
 
 def alignment_multiplier(d: int, alpha: float) -> float:
     """κ = α²d + 1, the paper's sample-size multiplier of aligned designs (§7.2)."""
-    return float(alpha) ** 2 * int(d) + 1
+    d = check.integer(d, "d", minimum=1)
+    return check.real(alpha, "alpha", minimum=0.0, maximum=1.0) ** 2 * d + 1
 
 
 def effective_sample_size(problem: H3Problem, risk: float) -> float:
@@ -550,7 +558,8 @@ def rag_risk_floor(problem: H3Problem) -> float:
 def attention_effective_preconditioner(Wq, Wk, v, n: int) -> np.ndarray:
     """W_eff = (v_y W_xx + w_xy v_xᵀ)/n with [W_xx, w_xy] the top d rows of W_qW_kᵀ (§3.2): the odd part of linear
     attention is the PGD predictor xᵀW_eff Xᵀy. Shapes: Wq, Wk (d+1, d_k), v (d+1,)."""
-    Wq, Wk, v = (np.asarray(a, float) for a in (Wq, Wk, v))
+    Wq, Wk, v = (check.finite_array(a, name) for a, name in ((Wq, "Wq"), (Wk, "Wk"), (v, "v")))
+    n = check.integer(n, "n", minimum=1)
     if Wq.ndim != 2 or Wk.shape != Wq.shape or v.shape != (Wq.shape[0],):
         raise ValueError(f"Wq, Wk must share a shape (d+1, d_k) and v have shape (d+1,); got {Wq.shape}, {Wk.shape}, "
                          f"{v.shape}")
@@ -562,8 +571,10 @@ def attention_effective_preconditioner(Wq, Wk, v, n: int) -> np.ndarray:
 def h3_effective_parameters(Wq, Wk, Wv, f) -> tuple[np.ndarray, np.ndarray]:
     """(W_H, ω) with W_H = (1/n)Σ_j q_{j,x}(v_{j,y}k_{j,x} + k_{j,y}v_{j,x})ᵀ and ωᵢ = f_{n+1−i} (§3.3): the odd part of
     the H3 layer is the WPGD predictor xᵀW_H Xᵀ(ω⊙y). Shapes: Wq, Wk, Wv (d+1, m), f (n+1,)."""
-    Wq, Wk, Wv, f = (np.asarray(a, float) for a in (Wq, Wk, Wv, f))
-    if Wq.ndim != 2 or Wk.shape != Wq.shape or Wv.shape != Wq.shape or f.ndim != 1:
+    Wq, Wk, Wv, f = (check.finite_array(a, name) for a, name in ((Wq, "Wq"), (Wk, "Wk"), (Wv, "Wv"), (f, "f")))
+    if f.ndim != 1 or f.size < 2:
+        raise ValueError(f"f must be a vector of n + 1 >= 2 filter taps, got shape {f.shape}")
+    if Wq.ndim != 2 or Wk.shape != Wq.shape or Wv.shape != Wq.shape:
         raise ValueError(f"Wq, Wk, Wv must share a shape (d+1, m) and f be a vector; got {Wq.shape}, {Wk.shape}, "
                          f"{Wv.shape}, {f.shape}")
     d, n = Wq.shape[0] - 1, f.size - 1

@@ -160,6 +160,8 @@ class NTPProblem:
             raise ValueError(f"sizes must be n ≤ {MAX_N}, T ≤ {MAX_T}, K ≤ {MAX_K}, d ≤ {MAX_D}")
         if require not in REQUIREMENTS:
             raise ValueError(f"require must be one of {REQUIREMENTS}, got {require!r}")
+        if require == "cyclic" and T < 2:  # a sequence of one token has no edge: no draw could be cyclic
+            raise ValueError("require: a cyclic instance needs T >= 2 tokens per sequence, got T = 1")
         rng = np.random.default_rng(seeding.as_seed_sequence(seed))
         for _ in range(MAX_TRIES):
             ids = np.array([rng.permutation(K)[:T] for _ in range(n)], dtype=np.int64)
@@ -410,8 +412,11 @@ def sfin_basis(problem: NTPProblem, graphs: PriorityGraphs | None = None) -> np.
 
 def project_sfin(W, basis: np.ndarray) -> np.ndarray:
     """Π_{S_fin} W (orthogonal projection on the basis of :func:`sfin_basis`); W (..., d, d)."""
-    W = np.asarray(W, float)
-    d = W.shape[-1]
+    basis = check.finite_array(basis, "basis", ndim=2)
+    W = check.finite_array(W, "W")
+    d = W.shape[-1] if W.ndim >= 2 else 0
+    if W.ndim < 2 or W.shape[-2] != d or d * d != basis.shape[0]:
+        raise ValueError(f"W must have shape (..., d, d) with d² = {basis.shape[0]} rows of basis, got {W.shape}")
     flat = W.reshape(-1, d * d)
     return ((flat @ basis) @ basis.T).reshape(W.shape)
 

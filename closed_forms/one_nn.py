@@ -29,8 +29,7 @@ from .parameters import Parameter, parse_parameters
 
 __all__ = ["OneNNProblem", "t_density", "ReducedLoss", "reduced_loss", "reduced_loss_on_grid",
            "reduced_loss_adaptive", "reduced_gd_step", "reduced_flow_rhs", "pack_reduced_params",
-           "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "MAX_GRID", "DYNAMICS_RESOLUTION",
-           "theta_nodes"]
+           "gap_density_at_zero", "asymptotic_loss_constant", "Resolution", "DEFAULT_GRID", "MAX_GRID", "DYNAMICS_RESOLUTION"]
 
 # (n_theta, n_lambda) to start refining from: ~1e-3 relative error for ξ₁ <= 40 (docs/one_nn.md §6).
 DEFAULT_GRID = (500, 300)
@@ -105,7 +104,7 @@ def _log_B(d: int) -> float:
 def t_density(d: int, t) -> np.ndarray:
     """Density of t = <x, x_q> on [−1, 1] (docs/one_nn.md §1): Γ(d/2)/(√π Γ((d−1)/2)) (1 − t²)^{(d−3)/2}."""
     d = check.integer(d, "d", minimum=2)
-    t = np.asarray(t, float)
+    t = check.finite_array(t, "t")
     with np.errstate(divide="ignore"):
         return np.where(np.abs(t) < 1, np.exp(-_log_B(d) + (d - 3) / 2 * np.log1p(-t * t)), 0.0)
 
@@ -300,7 +299,7 @@ MAX_THETA_NODES = 1_000_001
 XI2_QUERY_DOMINATES = -709.0
 
 
-def theta_nodes(xi1: float, resolution: "Resolution") -> int:
+def _theta_nodes(xi1: float, resolution: "Resolution") -> int:
     """Nodes of the adaptive θ grid at ξ₁, refused (ValueError naming xi1) past :data:`MAX_THETA_NODES`."""
     n_fine = max(resolution.theta_min, int(math.ceil(resolution.theta_per_xi1 * xi1)))
     if n_fine > MAX_THETA_NODES:
@@ -675,7 +674,7 @@ def reduced_loss_adaptive(problem: OneNNProblem, xi1: float, xi2: float,
     if not isinstance(resolution, Resolution):
         raise ValueError(f"resolution must be a one_nn.Resolution, got {resolution!r}")
     resolution = resolution.for_context(problem.d, problem.N)
-    theta_nodes(xi1, resolution)
+    _theta_nodes(xi1, resolution)
     _check_overflow(xi1)
     return _adaptive_quadrature(xi1, xi2, problem.d, _log_B(problem.d), problem.N, resolution.theta_min,
                                 resolution.theta_per_xi1, resolution.dw, True)

@@ -169,6 +169,8 @@ def describe(specs) -> list[str]:
 def square_matrix(value, name: str, d: int) -> np.ndarray:
     """A parsed ``matrix`` parameter as a d×d matrix: a scalar c means c·I, a vector the diagonal, a matrix itself
     (the forms ``--param H=1``, ``H=1,2,3``, ``H=1,.3;.3,.6``). Wrong sizes are a ValueError naming ``name``."""
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+        raise ValueError(f"d must be a positive integer (the size of {name}), got {d!r}")
     value = np.asarray(value, dtype=float)
     if value.ndim == 0:
         return float(value) * np.eye(d)

@@ -28,8 +28,8 @@ from .softmax import max_propagating_nan, softmax_into
 __all__ = ["RandomWalkProblem", "Paths", "enumerate_paths", "displacements_from_steps", "positional_embeddings", "circulant",
            "pack_reduced_params", "reduced_step", "reduced_loss", "accuracy", "reduced_losses", "accuracies", "step_one_v", "one_hot_map",
            "deterministic_closure", "direction_error", "claim3_direction", "sqrt_law_direction",
-           "direction_plateau", "MAX_ENUMERATED_STEPS", "TIE_TOLERANCE",
-           "walk_distribution"]
+           "direction_plateau", "walk_distribution", "MAX_ENUMERATED_STEPS", "MAX_WALK_STEPS", "MAX_MAP_STEPS",
+           "TIE_TOLERANCE"]
 
 # Two scores closer than this, relative to the largest weight, are one score computed in two orders: a tie that
 # the smallest-label rule breaks. Round-off in a score is about N·1e-16 of it; real gaps are far above 1e-12.
@@ -37,6 +37,8 @@ TIE_TOLERANCE = 1e-12
 
 # 2^20 paths (~170 MB of displacements at N = 21) is the largest exact enumeration we allow.
 MAX_ENUMERATED_STEPS = 20
+MAX_WALK_STEPS = 100_000  # the longest walk whose law walk_distribution computes (the Problem's N is at most 10^5)
+MAX_MAP_STEPS = 10_000_000  # the longest run of a scalar map here: (steps + 1) recorded rows
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,10 @@ class Paths:
 
 def displacements_from_steps(steps: np.ndarray, K: int) -> np.ndarray:
     """d_k = (Σ_{i > k} step_i) mod K for k = 1..N−1, from the N − 1 steps (columns: steps into positions 2..N)."""
+    K = check.integer(K, "K", minimum=1)
+    steps = np.asarray(steps)
+    if steps.ndim != 2 or not np.issubdtype(steps.dtype, np.integer):
+        raise ValueError(f"steps must be a 2-D integer array (paths × steps), got {steps.dtype} of shape {steps.shape}")
     tail = np.cumsum(steps[:, ::-1], axis=1)[:, ::-1]  # tail[:, k-1] = Σ_{i >= k} (steps into k+1..N)
     return np.mod(tail, K).astype(np.int64)
 
@@ -148,7 +154,7 @@ def enumerate_paths(problem: RandomWalkProblem) -> Paths:
 
 def circulant(v) -> np.ndarray:
     """V with V_{y,s} = v[(y − s) mod K]."""
-    v = np.asarray(v, float)
+    v = check.finite_array(v, "v", ndim=1)
     K = v.size
     return v[(np.arange(K)[:, None] - np.arange(K)[None, :]) % K]
 
@@ -330,6 +336,9 @@ def accuracy(problem: RandomWalkProblem, paths: Paths, v, z) -> float:
 
 def walk_distribution(problem: RandomWalkProblem, m: int) -> np.ndarray:
     """P(S_m = c), c ∈ [K], for a walk of m steps started at 0."""
+    m = check.integer(m, "m", minimum=0)
+    if m > MAX_WALK_STEPS:
+        raise ValueError(f"m must be <= {MAX_WALK_STEPS}, got {m}")
     law = np.zeros(problem.K)
     law[0] = 1.0
     for _ in range(m):
@@ -343,10 +352,17 @@ def step_one_v(problem: RandomWalkProblem) -> np.ndarray:
     return problem.eta / (problem.eps * problem.N * problem.K) * total
 
 
+def _map_steps(steps) -> int:
+    steps = check.integer(steps, "steps", minimum=0)
+    if steps > MAX_MAP_STEPS:
+        raise ValueError(f"steps must be <= {MAX_MAP_STEPS:.0e}, got {steps}")
+    return steps
+
+
 def one_hot_map(problem: RandomWalkProblem, v_plus: float, v_minus: float, steps: int) -> np.ndarray:
     """v[±1] under one-hot parent attention S = e_{N−1} (docs/random_walk.md §5): v[1] ← v[1] + (η/K)p/(v[1] + ε),
     v[−1] ← v[−1] + (η/K)(1 − p)/(v[−1] + ε); returns (steps + 1, 2). (v[±1] + ε)² ≈ 2ηp_± t/K for large t."""
-    steps = check.integer(steps, "steps", minimum=0)
+    steps = _map_steps(steps)
     out = np.empty((steps + 1, 2))
     out[0] = check.real(v_plus, "v_plus"), check.real(v_minus, "v_minus")
     rate = problem.eta / problem.K
@@ -362,7 +378,7 @@ def deterministic_closure(problem: RandomWalkProblem, steps: int) -> np.ndarray:
     if not problem.failure_case:
         raise ValueError(f"the closure needs p in {{0, 1}} and N = rK + 1, got p={problem.p}, N={problem.N}, "
                          f"K={problem.K}")
-    steps = check.integer(steps, "steps", minimum=0)
+    steps = _map_steps(steps)
     r = (problem.N - 1) // problem.K
     eta, eps, P = problem.eta, problem.eps, problem.P_norm
     out = np.zeros((steps + 1, 3))
@@ -410,6 +426,8 @@ def sqrt_law_direction(K: int, p: float) -> np.ndarray:
 
 def direction_error(v, target) -> float:
     """‖V/‖V‖_F − T/‖T‖_F‖_F for circulant V, T; equals ‖v/‖v‖ − t/‖t‖‖ since ‖circ(x)‖_F = √K‖x‖."""
+    v = check.finite_array(v, "v", ndim=1)
+    target = check.finite_array(target, f"target (the shape of v, {v.shape})", shape=v.shape)
     return float(np.linalg.norm(_unit(v) - _unit(target)))
 
 

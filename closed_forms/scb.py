@@ -19,10 +19,12 @@ from functools import cached_property
 import numpy as np
 from numba import njit
 
+from attnflow import seeding
+
 from . import checks as check
 from .parameters import Parameter, parse_parameters
 
-__all__ = ["SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_statistics", "population_risk",
+__all__ = ["MAX_MAP_STEPS", "related_transition", "SCBProblem", "mu_inner", "mu_norm2", "attention_statistics", "value_statistics", "population_risk",
            "raw_gradients", "preconditioned_gradients", "reduced_coordinates", "line_point", "line_map_step",
            "closure_map_step", "reduced_risk", "normalised_flow_rhs", "normalised_flow_rhs_into", "pack_line_params",
            "least_squares_V", "stage1_duration", "slow_mode_rate", "population_map_step", "population_map", "relative_distance",
@@ -168,8 +170,14 @@ class SCBProblem:
         return np.outer(self.mu, np.ones(self.N)), np.full((self.T, self.N), 1.0 / self.T)
 
 
+MAX_MAP_STEPS = 10_000_000  # the longest run of population_map (a typo beyond it, not an experiment)
+
 def mu_inner(problem: SCBProblem, A, B) -> float:
     """<A, B>_μ = tr(AᵀBD) = Σ_k μ_k <Ae_k, Be_k>."""
+    A = check.finite_array(A, "A", ndim=2)
+    if A.shape[1] != problem.N:
+        raise ValueError(f"A must have N = {problem.N} columns, got shape {A.shape}")
+    B = check.finite_array(B, "B", shape=A.shape)
     return float(np.einsum("ik,ik,k->", A, B, problem.mu))
 
 
@@ -322,7 +330,7 @@ def reduced_risk(problem: SCBProblem, alpha_V: float, alpha_Q: float, e_V: float
     """R = R* + (K_P/2)[(1 − α_V)²/T + K_Q(1 − α_Vα_Q)²] + ½(a e_V + α_V²K_P e_Q) on 𝒱 × 𝒬 (docs/scb.md §8.2)."""
     K_P, K_Q, T = problem.K_P, problem.K_Q, problem.T
     alpha_V, alpha_Q = check.finite_array(alpha_V, "alpha_V"), check.finite_array(alpha_Q, "alpha_Q")
-    e_V, e_Q = check.real(e_V, "e_V"), check.real(e_Q, "e_Q")
+    e_V, e_Q = check.real(e_V, "e_V", minimum=0.0), check.real(e_Q, "e_Q", minimum=0.0)  # squared μ-norms
     if max(np.abs(alpha_V).max(initial=0.0), np.abs(alpha_Q).max(initial=0.0)) > 1e75:  # quartic in the α's
         raise ValueError("alpha_V and alpha_Q must be at most 1e75 in size to keep the risk finite")
     a = 1.0 / T + alpha_Q**2 * K_Q + e_Q
@@ -348,7 +356,7 @@ def related_transition(problem: SCBProblem, rho: float, *, seed, noise: float = 
     noise = check.real(noise, "noise", minimum=0.0)
     N, mu = problem.N, problem.mu
     ones = np.ones((N, N))
-    gaussian = np.random.default_rng(seed).normal(scale=noise, size=(N, N))
+    gaussian = np.random.default_rng(seeding.as_seed_sequence(seed)).normal(scale=noise, size=(N, N))
     tangent = (np.eye(N) - ones / N) @ gaussian @ (np.eye(N) - np.outer(mu, np.ones(N)))
     base = np.outer(mu, np.ones(N))
     return base + rho * (problem.P - base) + tangent
@@ -449,10 +457,18 @@ def population_map_step(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, l
 
 
 def population_map(problem: SCBProblem, V, Q, eta_V: float, eta_Q: float, lam: float = 0.0, *, steps: int):
-    """``steps`` iterations of :func:`population_map_step` from (V, Q); returns the final (V, Q)."""
+    """``steps`` iterations of :func:`population_map_step` from (V, Q); returns the final (V, Q). A step that leaves the
+    finite region raises FloatingPointError naming the step."""
     steps = check.integer(steps, "steps", minimum=0)
-    for _ in range(steps):
+    if steps > MAX_MAP_STEPS:
+        raise ValueError(f"steps must be <= {MAX_MAP_STEPS:.0e}, got {steps}")
+    V, Q = _check_V(problem, V), _check_Q(problem, Q)
+    check.real(eta_V, "eta_V", minimum=0.0, strict=True), check.real(eta_Q, "eta_Q", minimum=0.0, strict=True)
+    check.real(lam, "lam", minimum=0.0)
+    for step in range(1, steps + 1):
         V, Q = population_map_step(problem, V, Q, eta_V, eta_Q, lam)
+        if not (np.all(np.isfinite(V)) and np.all(np.isfinite(Q))):  # too large a step: the map diverges
+            raise FloatingPointError(f"the population map diverged at step {step} (eta_V={eta_V:g}, eta_Q={eta_Q:g})")
     return V, Q
 
 
@@ -509,6 +525,9 @@ def proximal_family_step(problem: SCBProblem, state, eta_V: float, eta_Q: float,
     if np.any((problem.Q_star > 0).sum(axis=0) != problem.sparsity):
         raise ValueError("the proximal family needs exactly `sparsity` nonzeros in every column of Q_star")
     alpha_V, xi, b0, bS = check.finite_array(state, "state", shape=(4,))
+    eta_V = check.real(eta_V, "eta_V", minimum=0.0, strict=True)
+    eta_Q = check.real(eta_Q, "eta_Q", minimum=0.0, strict=True)
+    lam = check.real(lam, "lam", minimum=0.0)
     T, Qs, kappa, K_P = problem.T, problem.sparsity, problem.kappa, problem.K_P
     a = xi**2 * kappa + T * b0**2 + Qs * bS**2 + 2 * xi * (b0 + bS) + 2 * Qs * b0 * bS
     b = xi * kappa + b0 + bS

@@ -23,11 +23,12 @@ from attnflow.closed_forms import attention_svm as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_logit_gradient
 from attnflow.closed_forms.softmax import max_propagating_nan
+from attnflow.closed_forms.parameters import Parameter
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
 
-__all__ = ["ALGORITHMS", "record_steps", "train", "train_kq", "train_joint", "train_relu_head", "initial_theta", "regularisation_path",
+__all__ = ["MAX_ETA", "POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "ALGORITHMS", "record_steps", "train", "train_kq", "train_joint", "train_relu_head", "initial_theta", "regularisation_path",
            "population", "minibatch", "MAX_STEPS"]
 
 ALGORITHMS = ("ngd", "gd", "kq", "kq_joint", "joint")
@@ -413,7 +414,7 @@ def train(problem: AttentionSVMProblem, theta0, *, eta: float = 0.1, steps: int 
     a = problem.X @ problem.v
     thetas, norms, unsat, loss, status, step = _linear_kernel(
         problem.features, a, cf.kernel_labels(problem), cf.LOSS_CODE[problem.loss], theta0.ravel().copy(), eta, steps,
-        bool(normalise), record)
+        check.boolean(normalise, "normalise"), record)
     info = _check_status(status, step, "GD" if not normalise else "normalised GD")
     kept = record <= info["stopped_at"] if info["stationary"] else np.ones(record.size, bool)
     return Trajectory(times=record[kept].astype(float),
@@ -432,6 +433,7 @@ def train_kq(problem: AttentionSVMProblem, K0, Q0, *, eta: float = 0.1, steps: i
     if problem.Z is None:
         raise ValueError("problem: (K, Q) training needs the cross-attention model (Z given)")
     steps, eta, record = _steps_eta(steps, eta, records, record)
+    joint = check.boolean(joint, "joint")
     d = problem.d
     K0 = check.finite_array(K0, "K0", ndim=2)
     Q0 = check.finite_array(Q0, "Q0", shape=K0.shape)
@@ -593,11 +595,14 @@ def population(problem: AttentionSVMProblem, *, R_max: float = 64.0, points: int
     return regularisation_path(problem, R_max * 2.0 ** -np.arange(points - 1, -1, -1))
 
 
+MAX_ETA = 1e6  # the largest step and initialisation scale of a public run (the first step overflows beyond)
+
+
 def _step_and_scale(eta, init_scale) -> tuple[float, float]:
     """The step and the initialisation scale of a public run: positive and at most 1e6 (beyond it the first step
     already overflows the norms); the scale > 0 because 1 − corr is undefined at θ = 0."""
-    return (check.real(eta, "eta", minimum=0.0, strict=True, maximum=1e6),
-            check.real(init_scale, "init_scale", minimum=0.0, strict=True, maximum=1e6))
+    return (check.real(eta, "eta", minimum=0.0, strict=True, maximum=MAX_ETA),
+            check.real(init_scale, "init_scale", minimum=0.0, strict=True, maximum=MAX_ETA))
 
 
 def minibatch(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, algorithm: str = "ngd", eta: float = 0.1,
@@ -636,3 +641,20 @@ def minibatch(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, algorithm
             metric = np.where(norms > 0, 1 - flat @ target / norms, np.nan)
         run.metrics["one_minus_corr"] = metric
     return run
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("R_max", "real", 64.0, "largest radius of the regularisation path", minimum=0.0, strict=True,
+              maximum=1e4),
+    Parameter("points", "integer", 7, "radii R_max·2^-j, j < points", minimum=1, maximum=60),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("algorithm", "choice", "ngd", "ngd, gd, kq (per-factor), kq_joint, joint (v, p)",
+              choices=ALGORITHMS),
+    Parameter("eta", "real", 0.1, "step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("steps", "integer", 2000, "training steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("records", "integer", 60, "log-spaced records", minimum=2, maximum=MAX_RECORDS),
+)

@@ -19,12 +19,13 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.ccmc import CCMCProblem
 from attnflow.closed_forms.lapack import DGESV, solve_into
 from attnflow.closed_forms.softmax import softmax_into
+from attnflow.closed_forms.parameters import Parameter
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import Trajectory, check_run_length, log_grid
+from .montecarlo import MAX_BATCH, Trajectory, check_count, check_run_length, log_grid
 
-__all__ = ["random_embeddings", "tied_head", "attention_logits", "attention_output", "positional_attention_output",
+__all__ = ["POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "MAX_RUNS", "random_embeddings", "tied_head", "attention_logits", "attention_output", "positional_attention_output",
            "sample_raw_outputs", "generate_raw", "sample_learning_data", "fit_mle", "raw_nll_and_gradient",
            "adam_raw", "generate_counts", "fluid_dopri5", "fluid_trajectory", "population", "minibatch",
            "identified_groups",
@@ -32,11 +33,14 @@ __all__ = ["random_embeddings", "tied_head", "attention_logits", "attention_outp
 
 # Largest number of draws / runs × records one call may allocate.
 MAX_DRAWS = 50_000_000
+MAX_ATTENTION_WORK = 10**10  # runs × (context length)² of one generate_raw call: about ten seconds
+MAX_RUNS = 100_000  # generated trajectories in one call (each keeps its counts at every record)
 
 
 def random_embeddings(K: int, d: int, *, seed, orthonormal: bool = False) -> np.ndarray:
     """E ∈ R^{K×d} with i.i.d. N(0, 1/d) entries (full row rank almost surely for d >= K), or with ``orthonormal``
     K orthonormal rows of a Haar-random rotation (EEᵀ = I)."""
+    orthonormal = check.boolean(orthonormal, "orthonormal")
     K = check.integer(K, "K", minimum=2)
     d = check.integer(d, "d", minimum=K)
     gaussian = np.random.default_rng(seeding.as_seed_sequence(seed)).standard_normal((K, d)) / math.sqrt(d)
@@ -56,6 +60,7 @@ def tied_head(E) -> np.ndarray:
 
 def attention_logits(E, W) -> np.ndarray:
     """Θ_{a,k} = e_kᵀ W e_a, i.e. Θ = (E W Eᵀ)ᵀ (§1)."""
+    E, W, _ = _check_weights(E, W)
     return (E @ W @ E.T).T
 
 
@@ -94,7 +99,7 @@ def _check_weights(E, W):
     """Checked E, W and the tied head C = E as writable C-ordered copies: with writable operands the kernels' products
     share numba's compiled np.dot with the other kernels (a read-only operand is another signature to compile)."""
     E = check.finite_array(E, "E", ndim=2)
-    W = check.finite_array(W, "W", shape=(E.shape[1], E.shape[1]))
+    W = check.finite_array(W, f"W (d x d for E of d = {E.shape[1]} columns)", shape=(E.shape[1], E.shape[1]))
     return np.array(E, order="C"), np.array(W, order="C"), np.array(tied_head(E), order="C")
 
 
@@ -204,9 +209,12 @@ def generate_raw(E, W, X0, steps: int, runs: int, *, seed, query: str = "self") 
     E, W, C = _check_weights(E, W)
     X0 = cf.check_prompts(X0, E.shape[0], "X0", query=query)[0]
     steps = check.integer(steps, "steps", minimum=0)
-    runs = check.integer(runs, "runs", minimum=1)
+    runs = check_count(runs, "runs", MAX_RUNS)
     if runs * (X0.size + steps) > MAX_DRAWS:
         raise ValueError(f"runs × (L0 + steps) must be <= {MAX_DRAWS}")
+    if runs * (X0.size + steps) ** 2 > MAX_ATTENTION_WORK:  # each step attends over the whole growing context
+        raise ValueError(f"steps: runs × (L0 + steps)² must be <= {MAX_ATTENTION_WORK:.0e} (the attention's work), "
+                         f"got {runs} × {X0.size + steps}²")
     return _generate_raw(E, W, C, X0, steps, runs, query == "exclude", seeding.kernel_seed(seed))
 
 
@@ -535,8 +543,10 @@ def adam_raw(problem: CCMCProblem, *, seed, d: int = 6, steps: int = 3000, batch
     Returns a Trajectory of the minibatch NLL; ``final`` holds W, the averaged W̄, E and the learned chain
     P̂ = rowsoftmax(Θ(W̄)). Raises DivergenceError naming the step if the loss or gradient stops being finite."""
     d = check.integer(d, "d", minimum=problem.K)
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, _ = check_run_length(steps, n_records)
     batch = check.integer(batch, "batch", minimum=1)
+    if batch > MAX_BATCH:
+        raise ValueError(f"batch must be <= {MAX_BATCH}, got {batch}")
     if steps * batch > MAX_DRAWS:
         raise ValueError(f"steps × batch must be <= {MAX_DRAWS}")
     lr = check.real(lr, "lr", minimum=0.0, strict=True)
@@ -620,7 +630,7 @@ def generate_counts(P, X0, *, seed, runs: int, record_steps=None, level_token: i
     P = cf.check_chain(P)
     K = P.shape[0]
     X0 = cf.check_prompts(X0, K, "X0", query=query)[0]
-    runs = check.integer(runs, "runs", minimum=1)
+    runs = check_count(runs, "runs", MAX_RUNS)
     m0 = np.bincount(X0, minlength=K).astype(np.int64)
     if level_token is None:
         if record_steps is None:
@@ -695,7 +705,7 @@ def minibatch(problem: CCMCProblem, *, seed, steps: int = 100_000, runs: int = 5
     count vectors. Metrics: the run-mean share of each token, the run-mean number of tokens with share above
     1%, and the run-mean largest share. ``states['shares']`` holds every run (n_t, runs, K)."""
     steps, n_records = check_run_length(steps, n_records, min_records=3)
-    runs = check.integer(runs, "runs", minimum=1)
+    runs = check_count(runs, "runs", MAX_RUNS)
     record = _log_steps(steps, n_records)
     result = generate_counts(problem.P, problem.X0, seed=seed, runs=runs, record_steps=record, query=problem.query)
     counts = result["counts"]
@@ -705,3 +715,16 @@ def minibatch(problem: CCMCProblem, *, seed, steps: int = 100_000, runs: int = 5
     metrics["largest_share"] = shares.max(axis=2).mean(axis=0)
     return Trajectory(times=record.astype(float), states=dict(shares=np.transpose(shares, (1, 0, 2))),
                       metrics=metrics, info=dict(runs=runs))
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("steps", "integer", 100_000, "generated tokens t at the end", minimum=1, maximum=100_000_000),
+    Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=10_000),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("steps", "integer", 100_000, "generated tokens per run", minimum=1, maximum=10_000_000),
+    Parameter("runs", "integer", 50, "independent generated trajectories", minimum=1, maximum=MAX_RUNS),
+    Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=10_000),
+)

@@ -31,7 +31,7 @@ from attnflow.seeding import SeedLike
 from .errors import DivergenceError
 from . import progress
 
-__all__ = ["NoiseBand", "linear_noise", "gaussian_noise_paths", "pool_size"]
+__all__ = ["NoiseBand", "linear_noise", "gaussian_noise_paths", "pool_size", "MAX_PATHS"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,9 @@ class NoiseBand:
         if self.n_batches < 2:
             return per_batch[:, 0], np.zeros(per_batch.shape[0])
         return per_batch.mean(axis=1), per_batch.std(axis=1, ddof=1) / np.sqrt(self.n_batches)
+
+
+MAX_PATHS = 1_000_000  # sampled paths of gaussian_noise_paths, each recorded at every record step
 
 
 def pool_size(n_contexts: int, n_batches: int) -> int:
@@ -164,6 +167,8 @@ def gaussian_noise_paths(theta0, learning_rates, batch_size: int, *, gradient: C
     rates = _rates(learning_rates)
     batch_size = check.integer(batch_size, "batch_size", minimum=1)
     n_paths = check.integer(n_paths, "n_paths", minimum=1)
+    if n_paths > MAX_PATHS:
+        raise ValueError(f"n_paths must be <= {MAX_PATHS}, got {n_paths}")
     record = _record(record, rates.size)
     record_index = {int(k): i for i, k in enumerate(record)}
     p = theta0.size

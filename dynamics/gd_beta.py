@@ -16,13 +16,15 @@ from attnflow.closed_forms import checks as check
 
 from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from attnflow.seeding import SeedLike, generators
+from attnflow.closed_forms.parameters import Parameter
 
-from .montecarlo import (MonteCarloMean, RegressionPrompts, Trajectory, check_run_length, monte_carlo_mean,
+from .montecarlo import (MAX_BATCH, MAX_POINTS, MonteCarloMean, RegressionPrompts, Trajectory, check_batch_size,
+                         check_count, check_run_length, flow_times, monte_carlo_mean,
                          prompt_risk)
 from .diffusion import NoiseBand, gaussian_noise_paths, linear_noise, pool_size
 from .optimizers import OPTIMIZERS, cosine_schedule
 
-__all__ = [
+__all__ = ["flow_dopri5", "POPULATION_OPTIONS", "MINIBATCH_OPTIONS", 
     "Prompts",
     "sample_prompts",
     "token_matrices",
@@ -52,6 +54,7 @@ Prompts = RegressionPrompts  # the batch type of sample_prompts, shared by the i
 
 def sample_prompts(problem: GDBetaProblem, n: int, rng: np.random.Generator) -> Prompts:
     """n i.i.d. prompts: β = β* + Ψ^{1/2}θ, x = H^{1/2}z, y = <x, β> + ε (works for singular H, Ψ)."""
+    n = check_count(n, "n")
     d, N = problem.d, problem.N
     beta = problem.beta_star + rng.standard_normal((n, d)) @ problem.Psi_half
     features = rng.standard_normal((n, N + 1, d)) @ problem.H_half
@@ -135,15 +138,14 @@ def population_trajectory(problem: GDBetaProblem, beta0=None, Gamma=None, *, t_e
             raise ValueError(f"H: the flow's slowest local rate is {slowest:.3g}, too small for the default t_end = "
                              "30 / rate (H's nonzero eigenvalues are too small); give t_end")
         t_end = 30.0 / slowest
-    t_end = check.real(t_end, "t_end", minimum=0.0, strict=True)
+    times = flow_times(t_end, n_points)
+    t_end = float(times[-1])
     # DOPRI5 is explicit: near the optimum its step is at most ≈ 3.3/λ_max(∇²R), and the flow ends there, so a run
     # to t_end needs at least t_end·λ_max/3.3 steps. Refuse at once what the step budget cannot reach.
     curvature = cf.flow_curvature(problem)
     if t_end * curvature / 3.3 > FLOW_MAX_STEPS:
         raise ValueError(f"t_end = {t_end:.3g} needs more than {FLOW_MAX_STEPS:.0e} integrator steps near the optimum "
                          f"(largest curvature {curvature:.3g}); choose t_end <= {3.3 * FLOW_MAX_STEPS / curvature:.3g}")
-    n_points = check.integer(n_points, "n_points", minimum=2)
-    times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
     sol = solve_dopri5(cf.gradient_flow_rhs_into, cf.flow_state(beta0, Gamma), times, cf.pack_flow_params(problem),
                        rtol=rtol, atol=atol, max_steps=FLOW_MAX_STEPS)
     betas, Gammas = cf.unpack_flow_state(sol.y, d)
@@ -396,6 +398,9 @@ MODELS = ("gd_beta", "ltb", "lsa", "ltb_weights", "lsa_weights")
 def make_model(name: str, problem: GDBetaProblem, rng, init_scale: float = 0.3, width: int | None = None,
                value_init: str = "label_copy"):
     """A trainable model (see :func:`minibatch_trajectory`): ``params``, ``gradient(batch)``, ``risk()``."""
+    if name not in MODELS:
+        raise ValueError(f"name must be one of {MODELS}, got {name!r}")
+    init_scale = check.real(init_scale, "init_scale", minimum=0.0)
     if name == "gd_beta":
         return _GDBetaModel(problem)
     mlp = name.startswith("ltb")
@@ -427,7 +432,7 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
     The paper's experiment trains with Adam on a fresh batch of tasks every step (docs/gd_beta.md §10); plain SGD is
     available as ``optimizer="sgd"``. The learning rate decays by a cosine to 1% of ``lr``. The recorded
     ``risk`` is the *exact* population risk of the current parameters (closed form, docs/gd_beta.md §3 and §6), so the
-    only randomness in it is that of training; ``batch_loss`` is the minibatch loss.
+    only randomness in it is that of training; ``batch_loss`` is the minibatch loss (NaN at step 0: no batch yet).
 
     Raises ``DivergenceError`` naming the step if the loss or a parameter stops being finite.
     """
@@ -437,7 +442,7 @@ def minibatch_trajectory(problem: GDBetaProblem, model: str, batch_size: int, st
         raise ValueError(f"value_init must be one of {VALUE_INITS}, got {value_init!r}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
-    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    batch_size = check_batch_size(batch_size)
     steps, _ = check_run_length(steps, None, optional_records=True)
     lr = check.real(lr, "lr", minimum=0.0, strict=True)
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
@@ -499,9 +504,9 @@ class ContextPool:
 
 
 def context_pool(problem: GDBetaProblem, n_contexts: int, *, seed: SeedLike, n_batches: int = 16) -> ContextPool:
-    n_contexts = pool_size(n_contexts, n_batches)
-    if n_contexts > 10_000_000:
+    if check.integer(n_contexts, "n_contexts", minimum=2) > 10_000_000:
         raise ValueError(f"n_contexts must be at most 10^7 (memory), got {n_contexts}")
+    n_contexts = pool_size(n_contexts, n_batches)
     prompts = sample_prompts(problem, n_contexts, generators(seed, 1)[0])
     return ContextPool(X=prompts.X, y=prompts.y, beta=prompts.beta, n_batches=n_batches)
 
@@ -545,7 +550,7 @@ def _flat_closed_forms(problem: GDBetaProblem, pool: ContextPool):
 
 def _sgd_schedule(steps, lr, record_every):
     """(η_1, …, η_steps) of minibatch_trajectory's SGD, and its recorded steps."""
-    steps = check.integer(steps, "steps", minimum=1)
+    steps, _ = check_run_length(steps, None, optional_records=True)
     lr = check.real(lr, "lr", minimum=0.0, strict=True)
     record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)
     return cosine_schedule(lr, steps), np.unique(np.append(np.arange(0, steps + 1, record_every), steps))
@@ -585,3 +590,18 @@ def minibatch(problem: GDBetaProblem, *, seed: SeedLike, model: str = "gd_beta",
               steps: int = 1000, lr: float = 0.05, optimizer: str = "adam") -> Trajectory:
     """Training on fresh prompts, one batch per step: :func:`minibatch_trajectory`."""
     return minibatch_trajectory(problem, model, batch_size, steps, seed=seed, lr=lr, optimizer=optimizer)
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("t_end", "real", None, "flow time (default 30 / slowest local rate)", minimum=0.0, strict=True),
+    Parameter("n_points", "integer", 200, "recorded times", minimum=2, maximum=MAX_POINTS),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("model", "choice", "gd_beta", "the trained model", choices=MODELS),
+    Parameter("batch_size", "integer", 128, "prompts per step", minimum=1, maximum=MAX_BATCH),
+    Parameter("steps", "integer", 1000, "training steps", minimum=1, maximum=10_000_000),
+    Parameter("lr", "real", 0.05, "learning rate", minimum=0.0, strict=True),
+    Parameter("optimizer", "choice", "adam", "the optimiser", choices=tuple(OPTIMIZERS)),
+)

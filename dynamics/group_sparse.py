@@ -19,18 +19,19 @@ from attnflow.closed_forms.group_sparse import GroupSparseProblem
 
 from .integrate import DivergenceError, iterate_map, solve_dopri5
 from attnflow.seeding import SeedLike, as_seed_sequence
+from attnflow.closed_forms.parameters import Parameter
 
-from .montecarlo import Trajectory, check_run_length, log_grid
+from .montecarlo import Trajectory, check_count, check_run_length, log_grid
 
-__all__ = ["sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "position_only_flow", "attention_on_star",
-           "attention_matrix", "population", "minibatch",
-           "sample_downstream", "fine_tune", "transformer_error", "logistic_regression", "linear_error"]
+__all__ = ["sample_downstream", "fine_tune", "transformer_error", "logistic_regression", "linear_error", "POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "position_only_flow", "attention_on_star",
+           "attention_matrix", "population", "minibatch"]
 
 
 def sample_data(problem: GroupSparseProblem, n: int, rng: np.random.Generator, *, symmetrise: bool = False):
     """X (n, d, D) with i.i.d. N(0, σ_x²) entries and y = sign(<x_{j*}, v*>) ∈ {±1}; with ``symmetrise`` the
     sign-flipped copies (−X, −y) are appended (2n samples)."""
-    n = check.integer(n, "n", minimum=1)
+    n = check_count(n, "n")
+    symmetrise = _flag(symmetrise, "symmetrise")
     X = problem.sigma_x * rng.standard_normal((n, problem.d, problem.D))
     y = np.where(X[:, :, problem.star] @ problem.v_star >= 0, 1.0, -1.0)
     if symmetrise:
@@ -175,7 +176,7 @@ def loss_and_gradient(problem: GroupSparseProblem, X, y, v, W, *, position_only:
     """Mean loss and gradient (∇_v, ∇_W) of the raw model over the samples (X, y)."""
     v, W = _check_weights(v, W, problem.d + problem.D)
     X, y = _check_samples(X, y, (problem.d, problem.D))
-    return _batch_terms(X, y, v, W, bool(position_only))
+    return _batch_terms(X, y, v, W, _flag(position_only, "position_only"))
 
 
 @njit(cache=True)
@@ -224,8 +225,9 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
     j* over a held-out set of ``n_eval`` samples, and the symmetry residuals of docs/group_sparse.md §5.
     """
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    steps, n_records = check_run_length(steps, n_records)
-    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    steps, n_records = check_run_length(steps, n_records, min_records=2)
+    batch_size = check_count(batch_size, "batch_size")
+    fresh = _flag(fresh, "fresh")
     position_only = _flag(position_only, "position_only")
     root = as_seed_sequence(seed)
     data_seed, eval_seed = root.spawn(2)
@@ -264,7 +266,7 @@ def full_gd_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, b
 def position_only_trajectory(problem: GroupSparseProblem, eta: float, steps: int, *, n_records: int = 60,
                              record_steps=None) -> Trajectory:
     """The (β, α) map of docs/group_sparse.md §6 from (0, 0) through the integrator engine; records β, α, s*, L."""
-    steps, n_records = check_run_length(steps, n_records)
+    steps, n_records = check_run_length(steps, n_records, min_records=2)
     record = log_grid(steps, n_records) if record_steps is None else np.asarray(record_steps, int)
     sol = iterate_map(cf.position_only_step, [0.0, 0.0], steps, cf.pack_position_only_params(problem, eta),
                       record_steps=record)
@@ -303,7 +305,7 @@ def sample_downstream(problem: GroupSparseProblem, u_star, gamma: float, n: int,
         raise ValueError("u_star must be non-zero")
     u = u / np.linalg.norm(u)
     gamma = check.real(gamma, "gamma", minimum=0.0)
-    n = check.integer(n, "n", minimum=1)
+    n = check_count(n, "n")
     X = problem.sigma_x * rng.standard_normal((n, problem.d, problem.D))
     t_old = X[:, :, problem.star] @ u
     tail = ndtr(gamma / problem.sigma_x)
@@ -361,6 +363,7 @@ def fine_tune(problem: GroupSparseProblem, W_pretrained, X, y, eta: float = 1.0,
     constant step that destabilises the pre-trained selection as n grows (η = 0.1: test error 0.01 at n = 64 but
     0.19 at n = 256, d = 4, D = 8; η = 1: 0.48), so it is not the default.
     """
+    train_W = _flag(train_W, "train_W")
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     W = check.finite_array(W_pretrained, "W_pretrained", shape=(problem.d + problem.D,) * 2).copy()
     X, y = _check_samples(X, y, (problem.d, problem.D))
@@ -417,3 +420,19 @@ def minibatch(problem: GroupSparseProblem, *, seed: SeedLike, eta: float = 1.0, 
     """GD on (v, W) with a fresh symmetrised batch per step: :func:`full_gd_trajectory`."""
     return full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=seed, position_only=position_only,
                               n_records=n_records)
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True),
+    Parameter("steps", "integer", 6000, "steps of the (β, α) map", minimum=1, maximum=100_000_000),
+    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True),
+    Parameter("steps", "integer", 20, "GD steps", minimum=1, maximum=10_000_000),
+    Parameter("batch_size", "integer", 3000, "fresh samples per step", minimum=1, maximum=10_000_000),
+    Parameter("position_only", "boolean", False, "train v and W₂₂ only (the sub-model)"),
+    Parameter("n_records", "integer", 30, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+)

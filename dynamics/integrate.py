@@ -65,6 +65,8 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
 from scipy.integrate._ivp import dop853_coefficients as _dop853_coefficients
 
+from attnflow.closed_forms import checks as check
+
 from .errors import BudgetExceeded, DivergenceError
 
 __all__ = [
@@ -91,6 +93,7 @@ _WRONG_SIZE = 5  # a map returned a state of another size than x0
 SAFETY = 0.9
 MIN_FACTOR = 0.2
 MAX_FACTOR = 10.0
+MAX_MAP_STEPS = 10_000_000  # iterations of one iterate_map call (every step may be recorded)
 DEFAULT_BLOWUP = 1e12
 _EPS = float(np.finfo(np.float64).eps)
 
@@ -1281,9 +1284,9 @@ def iterate_map(
     """
     x0 = _as_state(x0, "x0")
     params = _as_params(params)
-    n_steps = int(n_steps)
-    if n_steps < 0:
-        raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+    n_steps = check.integer(n_steps, "n_steps", minimum=0)
+    if n_steps > MAX_MAP_STEPS:
+        raise ValueError(f"n_steps must be <= {MAX_MAP_STEPS:.0e}, got {n_steps}")
     steps = _record_steps(record_steps, n_steps)
     blowup = _positive(blowup, "blowup")
     if loop is not None:

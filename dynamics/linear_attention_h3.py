@@ -17,18 +17,21 @@ from attnflow.closed_forms import linear_attention_h3 as cf
 from attnflow.closed_forms.linear_attention_h3 import H3Problem
 from attnflow.closed_forms.linalg import psd_power
 from attnflow.seeding import SeedLike, generators
+from attnflow.closed_forms.parameters import Parameter
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import (MonteCarloMean, RegressionPrompts, Trajectory, check_run_length, monte_carlo_mean,
+from .montecarlo import (MAX_BATCH, MAX_POINTS, MonteCarloMean, RegressionPrompts, Trajectory, check_batch_size,
+                         check_count, check_run_length, flow_times, monte_carlo_mean, MAX_SAMPLES,
                          prompt_risk)
 from .optimizers import FINAL_FRACTION, OPTIMIZERS
 
-__all__ = ["flow_rate", "Prompts", "sample_prompts", "token_matrices", "monte_carlo_risk", "paired_risk_difference",
-           "bounded_chunk", "CHUNK_FLOATS", "pgd_predict", "wpgd_predict", "attention_forward", "h3_forward",
-           "pgd_batch_gradient", "attention_batch_gradient", "h3_batch_gradient", "MODELS", "VALUE_INITS",
-           "make_model", "train", "trained_predictor", "PARAMETER_NAMES", "PROTOCOL_FINAL_FRACTION",
-           "population_trajectory", "correlated_population_trajectory", "population", "minibatch"]
+__all__ = ["flow_dopri5", "POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "flow_rate", "Prompts", "sample_prompts",
+           "token_matrices", "monte_carlo_risk", "paired_risk_difference", "bounded_chunk", "CHUNK_FLOATS",
+           "pgd_predict", "wpgd_predict", "attention_forward", "h3_forward", "pgd_batch_gradient",
+           "attention_batch_gradient", "h3_batch_gradient", "MODELS", "VALUE_INITS", "MAX_RANK", "make_model", "train",
+           "trained_predictor", "PARAMETER_NAMES", "PROTOCOL_FINAL_FRACTION", "population_trajectory",
+           "correlated_population_trajectory", "population", "minibatch"]
 
 # The protocol of docs/linear_attention_h3.md §8.1 decays the learning rate to 2% of its initial value; the claims and
 # minibatch pass it to train, whose default is the optimisers' shared FINAL_FRACTION.
@@ -45,6 +48,7 @@ Prompts = RegressionPrompts  # the batch type of sample_prompts, shared by the i
 
 def sample_prompts(problem: H3Problem, count: int, rng: np.random.Generator) -> Prompts:
     """``count`` i.i.d. prompts of the problem's design (§1.1-1.4)."""
+    count = check_count(count, "count")
     d, n, s2 = problem.d, problem.n, problem.sigma2
     query_noise = np.sqrt(s2) * rng.standard_normal(count)
     if problem.design == "iid":
@@ -90,11 +94,19 @@ def bounded_chunk(problem: H3Problem, chunk: int) -> int:
     """``chunk`` prompts, or fewer when their examples would exceed ``CHUNK_FLOATS`` numbers: at n = 2000, d = 20 a
     chunk of 50 000 prompts asked for 16 GB per array and the process was killed for its memory. The chunks of
     every quick setting are unchanged (the chunk size picks the generators, so it is part of the numbers)."""
-    return max(1, min(int(chunk), CHUNK_FLOATS // (problem.n * problem.d)))
+    return max(1, min(check.integer(chunk, "chunk", minimum=1), CHUNK_FLOATS // (problem.n * problem.d)))
+
+
+def _check_samples(count) -> int:
+    count = check.integer(count, "count", minimum=2)
+    if count > MAX_SAMPLES:
+        raise ValueError(f"count must be <= {MAX_SAMPLES:.0e} samples, got {count}")
+    return count
 
 
 def monte_carlo_risk(problem: H3Problem, predict, count: int, *, seed: SeedLike, chunk: int = 50_000) -> MonteCarloMean:
     """Brute-force risk E(ŷ − y_q)² of ``predict(prompts) -> (B,)`` over ``count`` fresh prompts."""
+    count = _check_samples(count)
     return prompt_risk(lambda rng, m: sample_prompts(problem, m, rng), predict, count, seed=seed,
                        chunk=bounded_chunk(problem, chunk))
 
@@ -108,19 +120,23 @@ def paired_risk_difference(problem: H3Problem, predict, reference, count: int, *
         prompts = sample_prompts(problem, m, rng)
         return (predict(prompts) - prompts.y_query) ** 2 - (reference(prompts) - prompts.y_query) ** 2
 
+    count = _check_samples(count)
     return monte_carlo_mean(differences, count, seed=seed, chunk=bounded_chunk(problem, chunk))
 
 
 def pgd_predict(prompts: Prompts, W) -> np.ndarray:
     """ŷ = xᵀWXᵀy (§2.1)."""
+    W = check.finite_array(W, "W", shape=(prompts.X.shape[2],) * 2)
     gradient = np.einsum("bid,bi->bd", prompts.X, prompts.y)
-    return np.einsum("bd,de,be->b", prompts.x_query, np.asarray(W, float), gradient)
+    return np.einsum("bd,de,be->b", prompts.x_query, W, gradient)
 
 
 def wpgd_predict(prompts: Prompts, W, omega) -> np.ndarray:
     """ŷ = xᵀWXᵀ(ω⊙y) (§2.2)."""
-    weighted = np.einsum("bid,bi,i->bd", prompts.X, prompts.y, np.asarray(omega, float))
-    return np.einsum("bd,de,be->b", prompts.x_query, np.asarray(W, float), weighted)
+    W = check.finite_array(W, "W", shape=(prompts.X.shape[2],) * 2)
+    omega = check.finite_array(omega, "omega", shape=(prompts.X.shape[1],))
+    weighted = np.einsum("bid,bi,i->bd", prompts.X, prompts.y, omega)
+    return np.einsum("bd,de,be->b", prompts.x_query, W, weighted)
 
 
 # ==================================================================================================================
@@ -139,8 +155,21 @@ def _attention_parts(Z, Wq, Wk, v):
 
 def attention_forward(Z, Wq, Wk, v) -> np.ndarray:
     """ŷ = (1/n) z_qᵀ W_qW_kᵀ (Σ_{i<=n+1} z_iz_iᵀ) v, the bottom-right entry of one linear-attention layer (§2.3)."""
-    Z, Wq, Wk, v = (check.finite_array(a, name) for a, name in ((Z, "Z"), (Wq, "Wq"), (Wk, "Wk"), (v, "v")))
+    Z = check.finite_array(Z, "Z")
+    D = _check_tokens(Z)
+    Wq = check.finite_array(Wq, "Wq", ndim=2)
+    if Wq.shape[0] != D:
+        raise ValueError(f"Wq must have d + 1 = {D} rows (the size of Z's tokens), got shape {Wq.shape}")
+    Wk = check.finite_array(Wk, "Wk (the shape of Wq)", shape=Wq.shape)
+    v = check.finite_array(v, "v", shape=(D,))
     return _attention_prediction(Z, Wq, Wk, v)
+
+
+def _check_tokens(Z) -> int:
+    """Token matrices Z (B, n+1, d+1) with n >= 1; returns d + 1."""
+    if Z.ndim != 3 or Z.shape[1] < 2:
+        raise ValueError(f"Z must have shape (B, n+1, d+1) with n >= 1, got {Z.shape}")
+    return Z.shape[2]
 
 
 def _attention_prediction(Z, Wq, Wk, v) -> np.ndarray:
@@ -161,7 +190,15 @@ def _h3_parts(Z, Wq, Wk, Wv, f):
 def h3_forward(Z, Wq, Wk, Wv, f) -> np.ndarray:
     """ŷ = (1/n) Σ_j [ZW_q]_{n+1,j} Σ_i f_{n+1-i}[ZW_k]_{ij}[ZW_v]_{ij}: one H3-like layer with a shared causal filter
     f = (f_0..f_n) and a channel sum (§2.4)."""
-    return _h3_parts(Z, Wq, Wk, Wv, np.asarray(f, float))[0]
+    Z = check.finite_array(Z, "Z")
+    D = _check_tokens(Z)
+    Wq = check.finite_array(Wq, "Wq", ndim=2)
+    if Wq.shape[0] != D:
+        raise ValueError(f"Wq must have d + 1 = {D} rows (the size of Z's tokens), got shape {Wq.shape}")
+    Wk = check.finite_array(Wk, "Wk (the shape of Wq)", shape=Wq.shape)
+    Wv = check.finite_array(Wv, "Wv (the shape of Wq)", shape=Wq.shape)
+    f = check.finite_array(f, "f (one tap per token of Z)", shape=(Z.shape[1],))
+    return _h3_parts(Z, Wq, Wk, Wv, f)[0]
 
 
 @njit(cache=True)
@@ -327,6 +364,14 @@ def h3_batch_gradient(prompts: Prompts, Wq, Wk, Wv, f) -> tuple[float, tuple[np.
                                    [(d + 1, width), (d + 1, width), (d + 1, width), (n + 1,)])
     loss, dWq, dWk, dWv, df = _h3_batch_gradient(token_matrices(prompts), prompts.y_query, Wq, Wk, Wv, f)
     return loss, (dWq, dWk, dWv, df)
+MAX_RANK = 1000  # the widest low-rank factor (a d × rank matrix per parameter)
+
+
+def _check_rank(rank) -> int:
+    rank = check.integer(rank, "rank", minimum=1)
+    if rank > MAX_RANK:
+        raise ValueError(f"rank must be <= {MAX_RANK}, got {rank}")
+    return rank
 
 
 class _PGDModel:
@@ -339,7 +384,7 @@ class _PGDModel:
         if self.W0 is None:
             self.params = [np.zeros((d, d))]
         else:
-            rank = check.integer(rank, "rank", minimum=1)
+            rank = _check_rank(rank)
             # U starts at 0 so W starts at W₀; V random so the gradient in U is not zero.
             self.params = [np.zeros((d, rank)), init_scale * rng.standard_normal((d, rank))]
 
@@ -363,7 +408,7 @@ class _AttentionModel:
 
     def __init__(self, problem, rng, init_scale, rank, value_init):
         D = problem.d + 1
-        width = D if rank is None else check.integer(rank, "rank", minimum=1)
+        width = D if rank is None else _check_rank(rank)
         self.problem = problem
         self.params = [init_scale * rng.standard_normal((D, width)), init_scale * rng.standard_normal((D, width)),
                        (init_scale if value_init == "random" else 0.1) * rng.standard_normal(D)]
@@ -416,9 +461,10 @@ def make_model(name: str, problem: H3Problem, rng, *, init_scale: float = 0.3, r
     and s = 0.1 with its last entry set to 1 for ``"label_copy"``; ``h3`` W_q, W_k, W_v, each init_scale·N(0, 1) of
     shape (d+1, d+1), then f = 0.3 + 0.01·N(0, I_{n+1})."""
     if name not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+        raise ValueError(f"name (the model) must be one of {MODELS}, got {name!r}")
     if value_init not in VALUE_INITS:
         raise ValueError(f"value_init must be one of {VALUE_INITS}, got {value_init!r}")
+    init_scale = check.real(init_scale, "init_scale", minimum=0.0)
     if name == "pgd":
         return _PGDModel(problem, rng, init_scale, None, None)
     if name == "lora":
@@ -459,7 +505,8 @@ def train(problem: H3Problem, model: str, *, seed: SeedLike, steps: int = 2000, 
     Models: ``pgd`` (W), ``attention`` (W_q, W_k, v; ``rank`` = d_k), ``h3`` (W_q, W_k, W_v, f), ``lora``
     (W = W₀ + UVᵀ, ``rank`` = r). In the iid design the metric ``risk`` is the *exact* closed-form risk of the model's
     odd part, the PGD/WPGD predictor it reduces to (§3), which is the model's risk whenever its even part vanishes
-    (as at every optimum); ``batch_loss`` is the minibatch loss. The rag and tfa designs record ``batch_loss`` only.
+    (as at every optimum); ``batch_loss`` is the minibatch loss (NaN at step 0: no batch yet). The rag and tfa designs
+    record ``batch_loss`` only.
     ``states`` hold the effective preconditioner ``W`` (and the weights ``omega`` of H3); ``final`` the model's
     weights. Raises ``DivergenceError`` naming the step when the loss or a parameter stops being finite.
 
@@ -473,7 +520,7 @@ def train(problem: H3Problem, model: str, *, seed: SeedLike, steps: int = 2000, 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
     steps, _ = check_run_length(steps, None, optional_records=True)
-    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    batch_size = check_batch_size(batch_size)
     lr = check.real(lr, "lr", minimum=0.0, strict=True)
     init_scale = check.real(init_scale, "init_scale", minimum=0.0)
     record_every = max(1, steps // 100) if record_every is None else check.integer(record_every, "record_every", 1)
@@ -538,9 +585,7 @@ def population_trajectory(problem: H3Problem, W=None, omega=None, *, t_end: floa
     omega = np.ones(problem.n) if omega is None else check.finite_array(omega, "omega", shape=(problem.n,))
     W = np.zeros((d, d)) if W is None else check.finite_array(W, "W", shape=(d, d))
     rate = flow_rate(problem, omega)
-    t_end = 30.0 / rate if t_end is None else check.real(t_end, "t_end", minimum=0.0, strict=True)
-    n_points = check.integer(n_points, "n_points", minimum=2)
-    times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
+    times = flow_times(30.0 / rate if t_end is None else t_end, n_points)
     solution = solve_dopri5(cf.preconditioner_flow_rhs_into, W.ravel(), times, cf.pack_flow_params(problem, omega),
                             rtol=rtol, atol=atol)
     Ws = solution.y.reshape(-1, d, d)
@@ -571,9 +616,7 @@ def correlated_population_trajectory(problem: H3Problem, *, t_end: float | None 
     moments = cf.correlated_moments(problem)
     L_star, c_star = cf.correlated_optimum(problem)
     rate = 2 * moments.B
-    t_end = 30.0 / rate if t_end is None else check.real(t_end, "t_end", minimum=0.0, strict=True)
-    n_points = check.integer(n_points, "n_points", minimum=2)
-    times = np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
+    times = flow_times(30.0 / rate if t_end is None else t_end, n_points)
     c = c_star * -np.expm1(-rate * times)
     risk = moments.query_second_moment - 2 * c * moments.A + c * c * moments.B
     return Trajectory(times=times, states=dict(c=c), metrics=dict(risk=risk, excess_risk=risk - L_star,
@@ -595,3 +638,20 @@ def minibatch(problem: H3Problem, *, seed: SeedLike, model: str = "attention", s
     (:func:`train` with the learning rate decaying to PROTOCOL_FINAL_FRACTION = 2%)."""
     return train(problem, model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, rank=rank,
                  final_fraction=PROTOCOL_FINAL_FRACTION)
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("t_end", "real", None, "flow time (default 30 over the slowest rate)", minimum=0.0, strict=True),
+    Parameter("n_points", "integer", 200, "recorded times (log-spaced)", minimum=2, maximum=MAX_POINTS),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("model", "choice", "attention", "trained model", choices=("pgd", "attention", "h3")),
+    Parameter("steps", "integer", 2000, "training steps", minimum=1, maximum=10_000_000),
+    Parameter("batch_size", "integer", 256, "fresh prompts per step", minimum=1, maximum=MAX_BATCH),
+    Parameter("lr", "real", 0.01, "initial learning rate (cosine decay to 2%)", minimum=0.0, strict=True),
+    Parameter("optimizer", "choice", "adam", "the optimiser", choices=("adam", "sgd")),
+    Parameter("rank", "integer", None, "key/query width d_k of the attention (default d + 1)", minimum=1,
+              maximum=MAX_RANK),
+)

@@ -13,7 +13,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.dynamics import progress
 from attnflow.seeding import SeedLike, generators
 
-__all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_risk", "log_spaced_steps", "log_grid", "check_run_length", "MAX_STEPS", "MAX_RECORDS",
+__all__ = ["MonteCarloMean", "monte_carlo_mean", "RegressionPrompts", "prompt_risk", "log_spaced_steps", "log_grid", "check_run_length", "MAX_STEPS", "MAX_RECORDS", "MAX_POINTS", "MAX_BATCH", "flow_times", "check_batch_size", "check_count", "MAX_PROMPTS",
            "Trajectory"]
 
 
@@ -84,6 +84,39 @@ def prompt_risk(sample_prompts, predict, n: int, *, seed: SeedLike, chunk: int =
 MAX_STEPS = 10_000_000  # bounds on recorded training runs: beyond them a typo, not an experiment
 MAX_SAMPLES = 10**9  # bound on a Monte-Carlo mean's samples, for the same reason
 MAX_RECORDS = 2000
+MAX_POINTS = 100_000  # recorded times of a population flow
+MAX_BATCH = 1_000_000  # prompts in one minibatch (a batch of d-dimensional prompts is held in memory at once)
+
+
+def flow_times(t_end, n_points) -> np.ndarray:
+    """0 and ``n_points`` − 1 log-spaced times from t_end·10⁻⁴ to ``t_end``: the record of a population flow, resolving
+    the transient and the exponential tail. ``t_end`` must leave t_end·10⁻⁴ a positive float (t_end >= 1e-300)."""
+    t_end = check.real(t_end, "t_end", minimum=0.0, strict=True)
+    if t_end * 1e-4 == 0.0:
+        raise ValueError(f"t_end must be >= 1e-300 (its first recorded time t_end·1e-4 underflows), got {t_end:g}")
+    n_points = check.integer(n_points, "n_points", minimum=2)
+    if n_points > MAX_POINTS:
+        raise ValueError(f"n_points must be <= {MAX_POINTS}, got {n_points}")
+    return np.concatenate([[0.0], np.geomspace(t_end * 1e-4, t_end, n_points - 1)])
+
+
+MAX_PROMPTS = 10**7  # prompts sampled in one call (held in memory at once; Monte-Carlo means sample in chunks)
+
+
+def check_count(n, name: str, maximum: int = MAX_PROMPTS) -> int:
+    """A number of things to sample or run: an integer in [1, maximum]."""
+    n = check.integer(n, name, minimum=1)
+    if n > maximum:
+        raise ValueError(f"{name} must be <= {maximum:.0e}, got {n}")
+    return n
+
+
+def check_batch_size(batch_size) -> int:
+    """Prompts per step: an integer in [1, MAX_BATCH]."""
+    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    if batch_size > MAX_BATCH:
+        raise ValueError(f"batch_size must be <= {MAX_BATCH}, got {batch_size}")
+    return batch_size
 
 
 def check_run_length(steps, n_records, *, min_records: int = 1, optional_records: bool = False,

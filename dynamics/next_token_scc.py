@@ -20,11 +20,12 @@ from attnflow.closed_forms import next_token_scc as cf
 from attnflow.closed_forms.logit_losses import LOG_LOSS_CODE, log_scaled_logit_gradient
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.closed_forms.softmax import softmax_into
+from attnflow.closed_forms.parameters import Parameter
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
 
-__all__ = ["ALGORITHMS", "MAX_STEPS", "record_steps", "initial_W", "train", "train_general_head", "Reference",
+__all__ = ["MAX_ETA", "POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "ALGORITHMS", "MAX_STEPS", "record_steps", "initial_W", "train", "train_general_head", "Reference",
            "reference", "metrics", "population", "minibatch"]
 
 ALGORITHMS = ("gd", "ngd")
@@ -235,7 +236,8 @@ def train(problem: NTPProblem, W0, *, eta: float = 1.0, steps: int = 2000, norma
     W0 = check.finite_array(W0, "W0", shape=(problem.d, problem.d))
     Ws, loss, log_loss, status, step = _train_kernel(_writable(problem.E), problem.ids, problem.last,
                                                      np.array(problem.label_mask),  # writable: see the kernels
-                                                     W0.copy(), eta, int(record[-1]), bool(normalise), record)
+                                                     W0.copy(), eta, int(record[-1]),
+                                                     check.boolean(normalise, "normalise"), record)
     info = _status(status, step, "normalised GD" if normalise else "GD")
     kept = record <= info["stopped_at"]
     return Trajectory(times=record[kept].astype(float), states={"W": Ws[kept]},
@@ -328,9 +330,13 @@ def metrics(run: Trajectory, ref: Reference) -> dict:
 # ==================================================================================================
 
 
+MAX_ETA = 1e6  # the largest step and initialisation scale of a public run (the first step overflows the logits beyond)
+
+
 def population(problem: NTPProblem, *, eta: float = 1.0, steps: int = 20000, records: int = 40) -> Trajectory:
     """The theorem's algorithm: GD with constant step η from W_0 = 0 on the exact loss (§2.3), with the
     comparison metrics of §8.1 against W^svm, W^fin and the limit attention."""
+    eta = check.real(eta, "eta", minimum=0.0, strict=True, maximum=MAX_ETA)
     run = train(problem, np.zeros((problem.d, problem.d)), eta=eta, steps=steps, records=records)
     return Trajectory(times=run.times, states=run.states, metrics={**run.metrics, **metrics(run, Reference(problem))},
                       info=run.info, final=run.final)
@@ -344,9 +350,25 @@ def minibatch(problem: NTPProblem, *, seed: seeding.SeedLike, algorithm: str = "
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     # positive and at most 1e6 (beyond it the first step overflows the logits); the scale > 0 because 1 − corr is
     # undefined at W = 0
-    eta = check.real(eta, "eta", minimum=0.0, strict=True, maximum=1e6)
-    init_scale = check.real(init_scale, "init_scale", minimum=0.0, strict=True, maximum=1e6)
+    eta = check.real(eta, "eta", minimum=0.0, strict=True, maximum=MAX_ETA)
+    init_scale = check.real(init_scale, "init_scale", minimum=0.0, strict=True, maximum=MAX_ETA)
     W0 = initial_W(problem, seed=seed, scale=init_scale)
     run = train(problem, W0, eta=eta, steps=steps, normalise=algorithm == "ngd", records=records)
     return Trajectory(times=run.times, states=run.states, metrics={**run.metrics, **metrics(run, Reference(problem))},
                       info=run.info, final=run.final)
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("steps", "integer", 20000, "GD steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=2000),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("algorithm", "choice", "ngd", "ngd (the paper's experiments) or gd", choices=ALGORITHMS),
+    Parameter("eta", "real", 0.01, "step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("steps", "integer", 4000, "training steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=2000),
+)

@@ -19,11 +19,12 @@ from attnflow.closed_forms.one_nn import OneNNProblem
 
 from .integrate import DivergenceError, iterate_map, rk4_loop, solve_rk4
 from attnflow.seeding import SeedLike, generators
+from attnflow.closed_forms.parameters import Parameter
 
 from . import progress
-from .montecarlo import MonteCarloMean, Trajectory, check_run_length, log_grid
+from .montecarlo import MAX_SAMPLES, MonteCarloMean, Trajectory, check_batch_size, check_count, check_run_length, log_grid
 
-__all__ = ["Prompts", "sample_prompts", "token_matrices", "manifold_weight", "per_prompt_loss_and_gradient",
+__all__ = ["POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "Prompts", "sample_prompts", "token_matrices", "manifold_weight", "per_prompt_loss_and_gradient",
            "monte_carlo_loss", "reduced_trajectory", "flow_trajectory", "full_gd_trajectory",
            "sample_shifted_prompts", "shifted_test_loss", "population", "minibatch"]
 
@@ -44,6 +45,7 @@ def _sphere(rng, shape):
 
 def sample_prompts(problem: OneNNProblem, n: int, rng: np.random.Generator) -> Prompts:
     """x_j, x_q uniform on S^{d−1}; labels i.i.d. Rademacher (docs/one_nn.md §1 default)."""
+    n = check_count(n, "n")
     X = _sphere(rng, (n, problem.N, problem.d))
     x_query = _sphere(rng, (n, problem.d))
     y = rng.choice(np.array([-1.0, 1.0]), size=(n, problem.N))
@@ -63,8 +65,10 @@ def token_matrices(prompts: Prompts) -> np.ndarray:
 
 def manifold_weight(d: int, xi1: float, xi2: float) -> np.ndarray:
     """W = diag(ξ₁ I_d, 0, −ξ₂) (docs/one_nn.md §4). Finite values only: the raw model multiplies W by zeros."""
-    xi1 = check.real(float(xi1), "xi1")
-    xi2 = check.real(float(xi2), "xi2")
+    d = check.integer(d, "d", minimum=1)
+    # a 0-d array (one entry of a recorded trajectory) is a number too
+    xi1, xi2 = (check.real(x.item() if isinstance(x, np.ndarray) and x.ndim == 0 else x, name)
+                for x, name in ((xi1, "xi1"), (xi2, "xi2")))
     return np.diag(np.concatenate([np.full(d, xi1), [0.0, -xi2]]))
 
 
@@ -94,6 +98,8 @@ def monte_carlo_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, *, s
                      chunk: int = 20_000) -> dict[str, MonteCarloMean]:
     """Brute-force MC of L, ∂L/∂ξ₁ = tr(∂L/∂W₁₁) and ∂L/∂ξ₂ = −∂L/∂W₃₃ at W = diag(ξ₁I, 0, −ξ₂) (docs/one_nn.md §4)."""
     n = check.integer(n, "n", minimum=2)
+    if n > MAX_SAMPLES:
+        raise ValueError(f"n must be <= {MAX_SAMPLES:.0e} samples, got {n}")
     d = problem.d
     W = manifold_weight(d, xi1, xi2)
     powers = np.zeros((3, 3))  # sums of values, squares and cubes of the three quantities
@@ -156,7 +162,7 @@ def reduced_trajectory(problem: OneNNProblem, eta: float, steps: int, *, n_recor
     """Reduced GD (docs/one_nn.md §4) from (ξ₁, ξ₂) = (0, σ) for ``steps`` steps of size η, recorded at ``n_records``
     log-spaced steps; the loss and gradient at the recorded points come from the same quadrature, whose grid
     grows with ξ₁ (:class:`attnflow.closed_forms.one_nn.Resolution`)."""
-    steps, n_records = check_run_length(steps, n_records)
+    steps, n_records = check_run_length(steps, n_records, min_records=2)
     record = log_grid(steps, n_records)
     sol = iterate_map(cf.reduced_gd_step, [0.0, problem.sigma], steps,
                       cf.pack_reduced_params(problem, eta, resolution), record_steps=record)
@@ -167,7 +173,7 @@ def flow_trajectory(problem: OneNNProblem, eta: float, steps: int, *, dt_steps: 
                     resolution: cf.Resolution = cf.DYNAMICS_RESOLUTION) -> Trajectory:
     """The gradient-flow limit of reduced GD (RK4 in τ = ηk, step ``dt_steps`` GD steps), on the GD step axis."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    steps, n_records = check_run_length(steps, n_records)
+    steps, n_records = check_run_length(steps, n_records, min_records=2)
     n = max(1, int(round(steps / dt_steps)))
     sol = solve_rk4(cf.reduced_flow_rhs, [0.0, problem.sigma], (0.0, eta * steps), eta * steps / n,
                     cf.pack_reduced_params(problem, eta, resolution), record_every=max(1, n // n_records),
@@ -194,8 +200,8 @@ def full_gd_trajectory(problem: OneNNProblem, eta: float, steps: int, batch_size
     """
     d = problem.d
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    steps, n_records = check_run_length(steps, n_records)
-    batch_size = check.integer(batch_size, "batch_size", minimum=1)
+    steps, n_records = check_run_length(steps, n_records, min_records=2)
+    batch_size = check_batch_size(batch_size)
     (rng,) = generators(seed, 1)
     W = manifold_weight(d, 0.0, problem.sigma)
     record = set(np.linspace(0, steps, n_records + 1).round().astype(int).tolist())
@@ -230,6 +236,7 @@ def sample_shifted_prompts(problem: OneNNProblem, n: int, delta: float, rng) -> 
     """The shifted test recipe of docs/one_nn.md §9: x_i uniform, y_i ~ N(0, 1); i* uniform in [N], x_q = x_{i*}; every
     other x_j with ‖x_j − x_q‖² <= δ is replaced by −x_j, so all of them satisfy the margin
     ‖x_j − x_q‖² >= ‖x_{i*} − x_q‖² + δ. Returns the prompts and i*."""
+    n = check_count(n, "n")
     delta = check.real(delta, "delta", minimum=0.0, strict=True)
     if delta >= 2.0:
         raise ValueError(f"delta must be < 2 (the flip only guarantees ||x_j - x_q||^2 >= 2), got {delta}")
@@ -247,6 +254,7 @@ def shifted_test_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, del
     """Test loss ½E(f − y_{i*})² on shifted prompts at W = diag(ξ₁I, 0, −ξ₂), and the mean of the per-prompt
     mechanism bound ½(e^{−ξ₁δ/2} Σ_{j≠i*}|y_j − y_{i*}| + e^{−ξ₂}|y_{i*}|)² (docs/one_nn.md §8: S_j/S_{i*} <= e^{−ξ₁δ/2}
     for j ≠ i*, S_q/S_{i*} = e^{−ξ₂}). Returns (loss, bound) as MonteCarloMeans."""
+    n = check.integer(n, "n", minimum=2)  # a standard error needs two prompts
     (rng,) = generators(seed, 1)
     prompts, nearest = sample_shifted_prompts(problem, n, delta, rng)
     loss, _ = per_prompt_loss_and_gradient(prompts, manifold_weight(problem.d, xi1, xi2))
@@ -275,3 +283,18 @@ def minibatch(problem: OneNNProblem, *, seed: SeedLike, eta: float = 1.5, steps:
               n_records: int = 50) -> Trajectory:
     """GD on the full W with a fresh batch of prompts per step: :func:`full_gd_trajectory`."""
     return full_gd_trajectory(problem, eta, steps, batch_size, seed=seed, n_records=n_records)
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("eta", "real", 200.0, "GD step size η", minimum=0.0, strict=True),
+    Parameter("steps", "integer", 300, "GD steps", minimum=1, maximum=10_000_000),
+    Parameter("n_records", "integer", 100, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("eta", "real", 1.5, "GD step size η", minimum=0.0, strict=True),
+    Parameter("steps", "integer", 60, "GD steps", minimum=1, maximum=10_000_000),
+    Parameter("batch_size", "integer", 256, "fresh prompts per step", minimum=1, maximum=1_000_000),
+    Parameter("n_records", "integer", 50, "recorded steps", minimum=2, maximum=100_000),
+)

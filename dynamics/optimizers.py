@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnflow.closed_forms import checks as check
+
+from .montecarlo import MAX_STEPS
+
 __all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule", "FINAL_FRACTION"]
 
 # The default end of every cosine decay here (and of the trainers that use these optimisers): the learning rate
@@ -16,6 +20,11 @@ FINAL_FRACTION = 0.01
 def cosine_schedule(lr: float, steps: int, final_fraction: float = FINAL_FRACTION) -> np.ndarray:
     """The learning rates η₁, …, η_steps of every optimiser here: a cosine decay from ``lr`` to
     ``lr * final_fraction`` (step k uses progress k/steps)."""
+    lr = check.real(lr, "lr", minimum=0.0, strict=True)
+    steps = check.integer(steps, "steps", minimum=1)
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps must be <= {MAX_STEPS:.0e}, got {steps}")
+    final_fraction = check.real(final_fraction, "final_fraction", minimum=0.0, maximum=1.0)
     return _cosine(lr, np.minimum(np.arange(1, steps + 1) / steps, 1.0), final_fraction)
 
 

@@ -18,23 +18,23 @@ from attnflow.closed_forms.softmax import max_propagating_nan, softmax_into
 
 from .integrate import DivergenceError, iterate_map
 from attnflow.seeding import SeedLike, as_seed_sequence, spawn
+from attnflow.closed_forms.parameters import Parameter
 
-from .montecarlo import Trajectory, check_run_length, log_grid
+from .montecarlo import MAX_STEPS, Trajectory, check_count, check_run_length, log_grid
 
-__all__ = ["sample_paths", "reduced_trajectory", "Sequences", "population_sequences", "sample_sequences",
-           "full_gd_trajectory", "full_accuracy", "population", "minibatch",
-           "positional_embeddings_cached"]
+__all__ = ["POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "sample_paths", "reduced_trajectory", "Sequences", "population_sequences", "sample_sequences",
+           "full_gd_trajectory", "full_accuracy", "population", "minibatch"]
 
 
 def sample_paths(problem: RandomWalkProblem, n: int, rng: np.random.Generator) -> Paths:
     """``n`` i.i.d. step paths (Monte Carlo over paths, for large N), equal weights."""
-    n = check.integer(n, "n_paths", minimum=1)
+    n = check_count(n, "n")
     steps = np.where(rng.random((n, problem.N - 1)) < problem.p, 1, -1)
     return Paths(cf.displacements_from_steps(steps, problem.K), np.full(n, 1.0 / n), exact=False)
 
 
 def _record_steps(steps: int, n_records: int | None) -> np.ndarray:
-    steps, n_records = check_run_length(steps, n_records, optional_records=True)
+    steps, n_records = check_run_length(steps, n_records, min_records=2, optional_records=True)
     if n_records is None or n_records >= steps + 1:
         return np.arange(steps + 1)
     return log_grid(steps, n_records)
@@ -234,7 +234,7 @@ def _full_accuracy_kernel(states, V, W_right, P):
 def full_accuracy(problem: RandomWalkProblem, sequences: Sequences, V, W) -> float:
     """Fraction of ``sequences`` whose prediction min{j : f_j = max f} equals the target (scores within
     ``TIE_TOLERANCE``·max|V| of the top tie, as in :func:`attnflow.closed_forms.random_walk.accuracy`)."""
-    P = positional_embeddings_cached(problem)
+    P = _positional_embeddings_cached(problem)
     V = check.finite_array(V, "V", shape=(problem.K, problem.K))
     W = check.finite_array(W, "W", shape=(problem.K + problem.M,) * 2)
     return float(_full_accuracy_kernel(sequences.states, np.ascontiguousarray(V), np.ascontiguousarray(W[:, problem.K:]), P))
@@ -243,7 +243,7 @@ def full_accuracy(problem: RandomWalkProblem, sequences: Sequences, V, W) -> flo
 _EMBEDDINGS: dict = {}
 
 
-def positional_embeddings_cached(problem: RandomWalkProblem) -> np.ndarray:
+def _positional_embeddings_cached(problem: RandomWalkProblem) -> np.ndarray:
     key = (problem.N, problem.M)
     if key not in _EMBEDDINGS:
         _EMBEDDINGS[key] = np.ascontiguousarray(cf.positional_embeddings(problem.N, problem.M))
@@ -272,7 +272,7 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
     record = _record_steps(steps, n_records)
     W_right = np.ascontiguousarray(W[:, problem.K:])
     V_rec, S_rec, loss_rec, failed = _full_loop(sequences.states, sequences.weights, V, W_right,
-                                                positional_embeddings_cached(problem), problem.eta, problem.eps, record)
+                                                _positional_embeddings_cached(problem), problem.eta, problem.eps, record)
     W[:, problem.K:] = W_right
     if failed >= 0:
         raise DivergenceError(f"full GD diverged at step {failed}: f_y + eps <= 0 or a non-finite V")
@@ -295,7 +295,21 @@ def minibatch(problem: RandomWalkProblem, *, seed: SeedLike, steps: int = 400, n
               init_scale: float = 0.0, n_records: int | None = 60) -> Trajectory:
     """GD on the full (V, W) over ``n_sequences`` sampled sequences (the paper's finite training set):
     :func:`full_gd_trajectory`. The sequences and the initialisation take separate children of ``seed``."""
-    n_sequences = check.integer(n_sequences, "n_sequences", minimum=1)
+    n_sequences = check_count(n_sequences, "n_sequences")
     data_seed, init_seed = spawn(seed, 2)
     sequences = sample_sequences(problem, n_sequences, np.random.default_rng(data_seed))
     return full_gd_trajectory(problem, sequences, steps, init_scale=init_scale, seed=init_seed, n_records=n_records)
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("steps", "integer", 400, "GD steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("steps", "integer", 400, "GD steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("n_sequences", "integer", 2000, "sampled training sequences", minimum=1, maximum=10_000_000),
+    Parameter("init_scale", "real", 0.0, "standard deviation of the initial weights", minimum=0.0),
+    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+)

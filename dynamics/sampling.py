@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from attnflow.closed_forms import checks as check
+
 __all__ = ["fill_uniforms", "alias_picks", "guided_pick", "guide_tables", "alias_pick", "alias_table",
            "MAX_ALIAS_CATEGORIES"]
 
@@ -94,7 +96,9 @@ def guide_tables(laws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ``guide[..., j]`` is the first index whose cumulative sum exceeds j/m, with m the number of categories. The
     cumulative sum at the last category of positive probability (and beyond) is set to exactly 1, so every search
     ends inside the table and never on a category of probability zero. Built with numpy, no kernel."""
-    laws = np.asarray(laws, dtype=float)
+    laws = check.finite_array(laws, "laws")
+    if laws.ndim < 1 or laws.shape[-1] < 1 or np.any(laws < 0) or np.any(laws.sum(axis=-1) <= 0):
+        raise ValueError(f"laws must hold non-negative probability vectors in the last axis, got shape {laws.shape}")
     m = laws.shape[-1]
     flat_laws = laws.reshape(-1, m)
     flat = np.cumsum(flat_laws, axis=-1)

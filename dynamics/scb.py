@@ -18,6 +18,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.scb import SCBProblem
 
 from attnflow.seeding import SeedLike, generator_state, spawn
+from attnflow.closed_forms.parameters import Parameter, parse_parameters
 
 from .errors import DivergenceError, StageFailure
 from .integrate import iterate_map, solve_dopri5
@@ -25,7 +26,7 @@ from . import progress, sampling
 from .diffusion import pool_size
 from .montecarlo import MAX_STEPS, Trajectory
 
-__all__ = ["minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "MAX_STAGE_BATCH", "run_stage", "run_algorithm1",
+__all__ = ["POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "minibatch_gradients", "line_trajectory", "normalised_flow", "StageSettings", "MAX_STAGE_BATCH", "run_stage", "run_algorithm1",
            "run_sgd", "run_stage1", "run_stages_2_3", "StageFailure", "rounding_threshold", "rounding_finds_supports",
            "transfer_step", "run_transfer", "relative_errors",
            "round_columns", "round_to_supports", "RECORD_NAMES", "BLOWUP", "population", "minibatch", "ETA",
@@ -180,6 +181,7 @@ def minibatch_gradients(problem: SCBProblem, V, Q, batch: int, *, seed: SeedLike
     ``chunk`` samples share each GEMM (it changes the rounding of the sums, never the draws)."""
     V = check.finite_array(V, "V", shape=(problem.N, problem.N))
     Q = check.finite_array(Q, "Q", shape=(problem.T, problem.N))
+    raw = check.boolean(raw, "raw")
     batch = check.integer(batch, "batch", minimum=1)
     if batch > MAX_GRADIENT_BATCH:
         raise ValueError(f"batch must be <= {MAX_GRADIENT_BATCH:.0e} samples (about a minute at these kernels' "
@@ -370,6 +372,7 @@ RECORD_NAMES = ("step", "alpha_V", "alpha_Q", "dist_V", "dist_Q", "colsum_V", "s
 
 
 MAX_STAGE_BATCH = 10_000_000  # largest samples per step of a stage; `attnflow simulate scb` has the same bound
+MAX_NOISE_BATCHES = 10_000  # independent batches of off_support_noise (one gradient call each)
 MAX_GRADIENT_BATCH = 10**8  # largest batch of one minibatch_gradients call
 
 
@@ -462,12 +465,15 @@ def run_stage(problem: SCBProblem, start, stage: StageSettings, *, seed: SeedLik
 def rounding_threshold(problem: SCBProblem, alpha_Q: float, C: float = 2.0) -> float:
     """θ₁ = (1 − α_Q)/T + α_Q/(2C·sparsity): midway between an off-support entry and the smallest support entry of
     the line point at α_Q (docs/scb.md §13 #10)."""
+    alpha_Q = check.real(alpha_Q, "alpha_Q")
+    C = check.real(C, "C", minimum=1.0)
     return (1 - alpha_Q) / problem.T + alpha_Q / (2 * C * problem.sparsity)
 
 
 def rounding_finds_supports(problem: SCBProblem, Q, alpha_Q: float, C: float = 2.0) -> bool:
     """Whether rounding at θ₁ for ``alpha_Q`` keeps exactly the supports of Q* (Lemmas E.1–E.4's success)."""
-    return bool(np.array_equal(np.asarray(Q) >= rounding_threshold(problem, alpha_Q, C), problem.Q_star > 0))
+    Q = check.finite_array(Q, "Q", shape=(problem.T, problem.N))
+    return bool(np.array_equal(Q >= rounding_threshold(problem, alpha_Q, C), problem.Q_star > 0))
 
 
 def _project_columns(Q: np.ndarray) -> np.ndarray:
@@ -568,8 +574,10 @@ def run_stage1(problem: SCBProblem, stage1: StageSettings, *, seed: SeedLike, re
 
 def relative_errors(problem: SCBProblem, V, Q) -> tuple[float, float]:
     """(‖V − P‖_μ/√K_P, ‖Q − Q*‖_μ/√K_Q): the distances of docs/scb.md §13 #16."""
-    return (math.sqrt(cf.mu_norm2(problem, np.asarray(V) - problem.P) / problem.K_P),
-            math.sqrt(cf.mu_norm2(problem, np.asarray(Q) - problem.Q_star) / problem.K_Q))
+    V = check.finite_array(V, "V", shape=(problem.N, problem.N))
+    Q = check.finite_array(Q, "Q", shape=(problem.T, problem.N))
+    return (math.sqrt(cf.mu_norm2(problem, V - problem.P) / problem.K_P),
+            math.sqrt(cf.mu_norm2(problem, Q - problem.Q_star) / problem.K_Q))
 
 
 def off_support_noise(problem: SCBProblem, V, Q, *, batch: int = 1024, n_batches: int = 100,
@@ -580,6 +588,8 @@ def off_support_noise(problem: SCBProblem, V, Q, *, batch: int = 1024, n_batches
     λ = 0, where the mean gradient vanishes, one step of η_Q on a batch of B adds η_Q²/B times this to the spread."""
     batch = check.integer(batch, "batch", minimum=1)
     n_batches = check.integer(n_batches, "n_batches", minimum=2)
+    if n_batches > MAX_NOISE_BATCHES:
+        raise ValueError(f"n_batches must be <= {MAX_NOISE_BATCHES} (one gradient call each), got {n_batches}")
     if batch * n_batches * problem.T > 10**10:
         raise ValueError(f"batch·n_batches·T must be at most 10^10 (run time), got {batch * n_batches * problem.T}")
     values = np.array([batch * cf.off_support_spread(problem, minibatch_gradients(problem, V, Q, batch, seed=child,
@@ -593,6 +603,8 @@ def transfer_step(problem: SCBProblem, P_tilde, gamma: float, batch0: int, *, se
     size η₀ (:func:`attnflow.closed_forms.scb.transfer_step_size`) on a batch of ``batch0`` with V untouched (in the population it lands
     exactly at α_Q = 1). Returns the one-step Trajectory; (V, Q) after it are in ``final``."""
     batch0 = check.integer(batch0, "batch0", minimum=1)
+    if batch0 > MAX_STAGE_BATCH:
+        raise ValueError(f"batch0 must be <= {MAX_STAGE_BATCH}, got {batch0}")
     start = cf.transfer_start(problem, P_tilde, gamma)
     eta0 = cf.transfer_step_size(problem, P_tilde, gamma)
     step = StageSettings(1, batch0, eta0 * problem.K_P, 0.0, True, eta_V=0.0)  # η_Q = η₀; V is not moved
@@ -696,7 +708,11 @@ def stage1_noise_band(problem: SCBProblem, eta: float, batch: int, steps: int, c
     J the Jacobian of the (α_V, α_Q) part of the closure map. The noise is evaluated on the line at the mean α."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     batch = check.integer(batch, "batch", minimum=1)
+    if batch > MAX_STAGE_BATCH:
+        raise ValueError(f"batch must be <= {MAX_STAGE_BATCH}, got {batch}")
     steps = check.integer(steps, "steps", minimum=1)
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps must be <= {MAX_STEPS:.0e}, got {steps}")
     record_every = check.integer(record_every, "record_every", minimum=1)
     # numpy scalars: an overflow gives inf (caught below and named), not a Python OverflowError
     eta_V, eta_Q = np.float64(eta / problem.K_Q), np.float64(eta / problem.K_P)
@@ -757,13 +773,37 @@ ETA = 0.25  # the normalised step of docs/scb.md §11
 def population(problem: SCBProblem, *, eta: float = ETA, steps: int = 100) -> Trajectory:
     """The population map on the line (eq. 7) with η_V = η/K_Q, η_Q = η/K_P: :func:`line_trajectory`."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    if check.integer(steps, "steps", minimum=1) > MAX_STEPS:  # the option's bounds (POPULATION_OPTIONS)
+        raise ValueError(f"steps must be <= {MAX_STEPS:.0e}, got {steps}")
     return line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps)
 
 
 def minibatch(problem: SCBProblem, *, seed: SeedLike, eta: float = ETA, lam: float = 0.01, stage1_steps: int = 40,
               stage1_batch: int = 8000, stage2_steps: int = 150, stage2_batch: int = 2000, stage3_steps: int = 80,
               stage3_batch: int = 4000) -> Trajectory:
-    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in docs/scb.md §11."""
-    return run_algorithm1(problem, StageSettings(stage1_steps, stage1_batch, eta),
-                          StageSettings(stage2_steps, stage2_batch, eta, lam=lam),
-                          StageSettings(stage3_steps, stage3_batch, eta, eta_V=0.1 / problem.K_Q), seed=seed)
+    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in docs/scb.md §11.
+    The options are checked against MINIBATCH_OPTIONS, the records of ``attnflow simulate scb --param``."""
+    o = parse_parameters(MINIBATCH_OPTIONS, dict(eta=eta, lam=lam, stage1_steps=stage1_steps, stage1_batch=stage1_batch,
+                                                 stage2_steps=stage2_steps, stage2_batch=stage2_batch,
+                                                 stage3_steps=stage3_steps, stage3_batch=stage3_batch),
+                         owner="scb minibatch")
+    return run_algorithm1(problem, StageSettings(o["stage1_steps"], o["stage1_batch"], o["eta"]),
+                          StageSettings(o["stage2_steps"], o["stage2_batch"], o["eta"], lam=o["lam"]),
+                          StageSettings(o["stage3_steps"], o["stage3_batch"], o["eta"], eta_V=0.1 / problem.K_Q),
+                          seed=seed)
+
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("eta", "real", ETA, "normalised step η (η_V = η/K_Q, η_Q = η/K_P)", minimum=0.0, strict=True),
+    Parameter("steps", "integer", 100, "population steps on the line", minimum=1, maximum=10_000_000),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("eta", "real", ETA, "normalised step η", minimum=0.0, strict=True),
+    Parameter("lam", "real", 0.01, "ℓ₁ strength λ of Stage 2", minimum=0.0),
+    *(Parameter(f"stage{k}_{what}", "integer", default, f"Stage {k}: {label}", minimum=1, maximum=maximum)
+      for k, steps, batch in ((1, 40, 8000), (2, 150, 2000), (3, 80, 4000))
+      for what, default, label, maximum in (("steps", steps, "steps", MAX_STEPS),
+                                            ("batch", batch, "samples per step", MAX_STAGE_BATCH))),
+)

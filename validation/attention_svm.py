@@ -22,7 +22,7 @@ from attnflow.dynamics import attention_svm as dyn
 
 from . import plots, stats
 from .claims import Outcome, claim
-from .systems import Parameter, System
+from .systems import System
 
 MM = "Tarzanagh, Li, Zhang & Oymak, NeurIPS 2023 (arXiv:2306.13596)"
 SVM = "Tarzanagh, Li, Thrampoulidis & Oymak, 2023 (arXiv:2308.16898)"
@@ -1175,19 +1175,8 @@ SYSTEM = System(
     problem=AttentionSVMProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("R_max", "real", 64.0, "largest radius of the regularisation path", minimum=0.0, strict=True,
-                  maximum=1e4),
-        Parameter("points", "integer", 7, "radii R_max·2^-j, j < points", minimum=1, maximum=60),
-    ),
-    minibatch_options=(
-        Parameter("algorithm", "choice", "ngd", "ngd, gd, kq (per-factor), kq_joint, joint (v, p)",
-                  choices=dyn.ALGORITHMS),
-        Parameter("eta", "real", ETA, "step size η", minimum=0.0, strict=True, maximum=1e3),
-        Parameter("steps", "integer", 2000, "training steps", minimum=1, maximum=dyn.MAX_STEPS),
-        Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, maximum=1e3),
-        Parameter("records", "integer", 60, "log-spaced records", minimum=2, maximum=dyn.MAX_RECORDS),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     summary=summary,
     summary_options=(),
     docs="docs/attention_svm.md",

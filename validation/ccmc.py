@@ -21,7 +21,7 @@ from attnflow.dynamics import ccmc as dyn
 from . import plots
 from .claims import Outcome, claim
 from .stats import Z_TOLERANCE, fit_exponent, two_sided_p, z_basis
-from .systems import Parameter, System
+from .systems import System
 
 PAPER = "Ildiz, Huang, Li, Rawat & Oymak, ICML 2024 (arXiv:2402.13512)"
 # Exact identities are computed two ways in float64; 1e-12 is a few hundred ulps of the O(1) quantities compared.
@@ -1015,15 +1015,8 @@ SYSTEM = System(
     problem=CCMCProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("steps", "integer", 100_000, "generated tokens t at the end", minimum=1, maximum=100_000_000),
-        Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=10_000),
-    ),
-    minibatch_options=(
-        Parameter("steps", "integer", 100_000, "generated tokens per run", minimum=1, maximum=10_000_000),
-        Parameter("runs", "integer", 50, "independent generated trajectories", minimum=1, maximum=100_000),
-        Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=10_000),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     summary=summary,
     docs="docs/ccmc.md",
     population_time="generated tokens t (fluid limit, τ = log(1 + t/L₀))",

@@ -1164,17 +1164,8 @@ SYSTEM = System(
     problem=GDBetaProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("t_end", "real", None, "flow time (default 30 / slowest local rate)", minimum=0.0, strict=True),
-        Parameter("n_points", "integer", 200, "recorded times", minimum=2, maximum=100_000),
-    ),
-    minibatch_options=(
-        Parameter("model", "choice", "gd_beta", "the trained model", choices=dyn.MODELS),
-        Parameter("batch_size", "integer", 128, "prompts per step", minimum=1, maximum=1_000_000),
-        Parameter("steps", "integer", 1000, "training steps", minimum=1, maximum=10_000_000),
-        Parameter("lr", "real", 0.05, "learning rate", minimum=0.0, strict=True),
-        Parameter("optimizer", "choice", "adam", "the optimiser", choices=tuple(dyn.OPTIMIZERS)),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     summary=summary,
     summary_options=(
         Parameter("bayes_contexts", "integer", 20_000, "Monte-Carlo contexts for the Bayes risk", minimum=2,

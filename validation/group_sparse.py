@@ -12,7 +12,7 @@ from attnflow.dynamics import group_sparse as dyn
 
 from . import plots
 from .claims import Outcome, claim
-from .systems import Parameter, System
+from .systems import System
 from .stats import Z_TOLERANCE, fit_exponent_t, fit_power_law, richardson_in_batch, z_basis
 
 PAPER = "Zhang, Meng & Cao, ICLR 2025 (arXiv:2504.08638)"
@@ -460,18 +460,8 @@ SYSTEM = System(
     problem=GroupSparseProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True),
-        Parameter("steps", "integer", 6000, "steps of the (β, α) map", minimum=1, maximum=100_000_000),
-        Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
-    ),
-    minibatch_options=(
-        Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True),
-        Parameter("steps", "integer", 20, "GD steps", minimum=1, maximum=10_000_000),
-        Parameter("batch_size", "integer", 3000, "fresh samples per step", minimum=1, maximum=10_000_000),
-        Parameter("position_only", "boolean", False, "train v and W₂₂ only (the sub-model)"),
-        Parameter("n_records", "integer", 30, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     docs="docs/group_sparse.md",
     population_time="GD step of the (β, α) map",
     minibatch_time="GD step",

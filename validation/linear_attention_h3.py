@@ -20,7 +20,7 @@ from attnflow.dynamics.montecarlo import monte_carlo_mean
 from . import plots
 from .claims import Outcome, claim
 from .stats import Z_TOLERANCE, fit_exponential_rate, two_sided_p, z_basis
-from .systems import Parameter, System
+from .systems import System
 
 PAPER = "Li, Rawat & Oymak, NeurIPS 2024 (arXiv:2407.10005)"
 DOCS = "docs/linear_attention_h3.md"
@@ -1221,19 +1221,8 @@ SYSTEM = System(
     problem=H3Problem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("t_end", "real", None, "flow time (default 30 over the slowest rate)", minimum=0.0, strict=True),
-        Parameter("n_points", "integer", 200, "recorded times (log-spaced)", minimum=2, maximum=100_000),
-    ),
-    minibatch_options=(
-        Parameter("model", "choice", "attention", "trained model", choices=("pgd", "attention", "h3")),
-        Parameter("steps", "integer", 2000, "training steps", minimum=1, maximum=10_000_000),
-        Parameter("batch_size", "integer", 256, "fresh prompts per step", minimum=1, maximum=1_000_000),
-        Parameter("lr", "real", 0.01, "initial learning rate (cosine decay to 2%)", minimum=0.0, strict=True),
-        Parameter("optimizer", "choice", "adam", "the optimiser", choices=("adam", "sgd")),
-        Parameter("rank", "integer", None, "key/query width d_k of the attention (default d + 1)", minimum=1,
-                  maximum=1000),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     summary=summary,
     docs=DOCS,
     population_time="flow time t",

@@ -23,7 +23,7 @@ from attnflow.dynamics import next_token_scc as dyn
 
 from . import plots, stats
 from .claims import Outcome, claim
-from .systems import Parameter, System
+from .systems import System
 
 PAPER = "Li, Huang, Ildiz, Rawat & Oymak, AISTATS 2024 (arXiv:2403.08081)"
 LEVEL = 0.95
@@ -785,18 +785,8 @@ SYSTEM = System(
     problem=NTPProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True, maximum=1e3),
-        Parameter("steps", "integer", 20000, "GD steps", minimum=1, maximum=dyn.MAX_STEPS),
-        Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=2000),
-    ),
-    minibatch_options=(
-        Parameter("algorithm", "choice", "ngd", "ngd (the paper's experiments) or gd", choices=dyn.ALGORITHMS),
-        Parameter("eta", "real", 0.01, "step size η", minimum=0.0, strict=True, maximum=1e3),
-        Parameter("steps", "integer", 4000, "training steps", minimum=1, maximum=dyn.MAX_STEPS),
-        Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, maximum=1e3),
-        Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=2000),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     summary=summary,
     summary_options=(),
     docs="docs/next_token_scc.md",

@@ -13,7 +13,7 @@ from attnflow.dynamics import one_nn as dyn
 
 from . import plots
 from .claims import Outcome, claim
-from .systems import Parameter, System
+from .systems import System
 from .stats import Z_TOLERANCE, fit_power_law, richardson_in_batch, two_sided_p, z_basis
 
 PAPER = "Li, Cao, Gao, He, Liu, Klusowski, Fan & Wang, NeurIPS 2024 (arXiv:2411.10830)"
@@ -489,17 +489,8 @@ SYSTEM = System(
     problem=OneNNProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("eta", "real", 200.0, "GD step size η", minimum=0.0, strict=True),
-        Parameter("steps", "integer", 300, "GD steps", minimum=1, maximum=10_000_000),
-        Parameter("n_records", "integer", 100, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
-    ),
-    minibatch_options=(
-        Parameter("eta", "real", 1.5, "GD step size η", minimum=0.0, strict=True),
-        Parameter("steps", "integer", 60, "GD steps", minimum=1, maximum=10_000_000),
-        Parameter("batch_size", "integer", 256, "fresh prompts per step", minimum=1, maximum=1_000_000),
-        Parameter("n_records", "integer", 50, "recorded steps", minimum=2, maximum=100_000),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     docs="docs/one_nn.md",
     population_time="GD step (reduced map)",
     minibatch_time="GD step",

@@ -17,7 +17,7 @@ from attnflow.dynamics import random_walk as dyn
 
 from . import plots
 from .claims import Outcome, claim
-from .systems import Parameter, System
+from .systems import System
 from .stats import Z_TOLERANCE, fit_power_law, two_sided_p, z_basis
 
 PAPER = "Shi & Cao, NeurIPS 2025 (arXiv:2511.23239)"
@@ -427,16 +427,8 @@ SYSTEM = System(
     problem=RandomWalkProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("steps", "integer", 400, "GD steps", minimum=0, maximum=10_000_000),
-        Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
-    ),
-    minibatch_options=(
-        Parameter("steps", "integer", 400, "GD steps", minimum=0, maximum=10_000_000),
-        Parameter("n_sequences", "integer", 2000, "sampled training sequences", minimum=1, maximum=10_000_000),
-        Parameter("init_scale", "real", 0.0, "standard deviation of the initial weights", minimum=0.0),
-        Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     docs="docs/random_walk.md",
     population_time="GD step (reduced map)",
     minibatch_time="GD step",

@@ -18,7 +18,7 @@ from attnflow.dynamics import scb as dyn
 
 from . import batch_search, plots
 from .claims import Outcome, claim
-from .systems import Parameter, System
+from .systems import System
 from . import stats
 from .stats import Z_TOLERANCE, two_sided_p, z_basis
 
@@ -1280,18 +1280,8 @@ SYSTEM = System(
     problem=SCBProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=(
-        Parameter("eta", "real", ETA, "normalised step η (η_V = η/K_Q, η_Q = η/K_P)", minimum=0.0, strict=True),
-        Parameter("steps", "integer", 100, "population steps on the line", minimum=1, maximum=10_000_000),
-    ),
-    minibatch_options=(
-        Parameter("eta", "real", ETA, "normalised step η", minimum=0.0, strict=True),
-        Parameter("lam", "real", 0.01, "ℓ₁ strength λ of Stage 2", minimum=0.0),
-        *(Parameter(f"stage{k}_{what}", "integer", default, f"Stage {k}: {label}", minimum=1, maximum=maximum)
-          for k, steps, batch in ((1, 40, 8000), (2, 150, 2000), (3, 80, 4000))
-          for what, default, label, maximum in (("steps", steps, "steps", 1_000_000),
-                                                ("batch", batch, "samples per step", dyn.MAX_STAGE_BATCH))),
-    ),
+    population_options=dyn.POPULATION_OPTIONS,
+    minibatch_options=dyn.MINIBATCH_OPTIONS,
     summary=summary,
     latex=symbolic.scb_latex,
     docs="docs/scb.md",
