@@ -975,13 +975,28 @@ def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
                  for i, T in enumerate(Ts)])
 
 
+STAGE1_LEVEL = 0.1  # the level c at which Stage 1 ends in the summary (docs/scb.md §8.4)
+
+
 def summary(problem: SCBProblem, *, seed) -> dict:
-    """The closed forms of one SCB instance (``attnflow solve scb``); ``seed`` is unused (no Monte Carlo)."""
-    duration = cf.stage1_duration(problem, ETA, 0.1)
+    """The closed forms of one SCB instance (``attnflow solve scb``); ``seed`` is unused (no Monte Carlo).
+
+    τ₁ is printed as defined, the first normalised time with max(α_V, α_Q) >= c on the flow of docs/scb.md §8.3,
+    measured on that flow; its closed form log(2c/ε) − ½ log(1 − c²) is the ε ≪ c limit (§8.4, corrections
+    O(ε/c)) and is printed only when ε < c. Beyond, it is no estimate of τ₁ at all: it turns negative once
+    ε > 2c/√(1 − c²), while τ₁ > 0 always."""
+    c = STAGE1_LEVEL
+    duration = cf.stage1_duration(problem, ETA, c)
+    formula = (duration["tau"] if problem.epsilon < c else
+               f"not predicted: the formula is the ε ≪ c limit and here ε/c = {problem.epsilon / c:.3g} "
+               "(docs/scb.md §8.4)")
     return {"N": problem.N, "T": problem.T, "sparsity": problem.sparsity, "K_P": problem.K_P, "K_Q": problem.K_Q,
             "κ = ‖Q*‖²_μ": problem.kappa, "ε = 1/(T K_Q)": problem.epsilon, "R* (Bayes)": problem.bayes_risk,
-            "R₀ (initialisation)": problem.initial_risk, f"predicted τ₁ (c = 0.1, η = {ETA:g})": duration["tau"],
-            "predicted Stage-1 steps": duration["steps"], "slow-mode rate at (1, 1)": cf.slow_mode_rate(problem)}
+            "R₀ (initialisation)": problem.initial_risk,
+            f"Stage-1 time τ₁ (max α = {c:g}, normalised flow)": _flow_crossing(problem, c),
+            "τ₁ ≈ log(2c/ε) − ½ log(1 − c²) (ε ≪ c limit)": formula,
+            f"predicted Stage-1 steps (η = {ETA:g}, linear phase)": duration["steps"],
+            "slow-mode eigenvalue at (1, 1)": cf.slow_mode_rate(problem)}
 
 
 # ==================================================================================================
