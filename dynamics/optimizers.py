@@ -1,12 +1,13 @@
 """Optimisers for the minibatch simulators: in-place steps on a list of arrays, with a cosine learning-rate decay.
 
-Shared by every system that trains a model on sampled prompts (gd_beta, linear_attention_h3).
+Shared by every system that trains a model on sampled prompts (gd_beta, linear_attention_h3), and by their
+population predictions: the same optimiser on the exact gradient (:func:`exact_gradient_path`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule"]
+__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule", "exact_gradient_path"]
 
 
 def cosine_schedule(lr: float, steps: int, final_fraction: float = 0.01) -> np.ndarray:
@@ -60,3 +61,26 @@ class Adam(Optimizer):
 
 
 OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+
+
+def exact_gradient_path(params, gradient, optimizer: str, lr: float, steps: int, record, *,
+                        final_fraction: float = 0.01) -> list[list[np.ndarray]]:
+    """The optimiser's path with the exact (population) gradient in place of the minibatch one: what a minibatch
+    run would do without its sampling noise, from the same start with the same steps and schedule.
+
+    ``params``: the starting arrays (copied); ``gradient(params) -> list of arrays``; ``record``: increasing steps
+    in [0, steps]. Returns copies of the parameters at each recorded step."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    record = np.asarray(record)
+    if record.ndim != 1 or record.size == 0 or np.any(np.diff(record) <= 0) or record[0] < 0 or record[-1] > steps:
+        raise ValueError(f"record must be increasing steps in [0, {steps}]")
+    params = [np.array(p, dtype=float) for p in params]
+    opt = OPTIMIZERS[optimizer](params, lr, steps, final_fraction)
+    wanted = set(int(k) for k in record)
+    path = [[p.copy() for p in params]] if 0 in wanted else []
+    for step in range(1, int(record[-1]) + 1):
+        opt.step(gradient(params))
+        if step in wanted:
+            path.append([p.copy() for p in params])
+    return path
