@@ -702,6 +702,29 @@ def transversal_stability(P, f, *, tolerance: float = EQUILIBRIUM_TOLERANCE) -> 
                          f"{EQUILIBRIUM_TOLERANCE:g} (equilibrium_on_support finds one)")
     margin = float(1 - lam[~inside].max()) if np.any(~inside) else np.inf
     return StabilityVerdict(margin, residual, tolerance)
+def tangent_eigenvalues(P, f, step: float = 1e-6) -> np.ndarray:
+    """The eigenvalues of the fluid limit's Jacobian at the shares f within the face of supp f (§6.5): the
+    directions that keep the shares summing to 1 on the same support, by central differences of
+    :func:`fluid_rhs` (an error O(step²)). An equilibrium f* attracts the runs near it on its face when every real
+    part is negative, and repels them when one is positive (e.g. +0.4 three-fold at the uniform point of
+    P = 0.55 I + 0.15(11ᵀ − I), K = 4, §6.4). Empty for a support of one token."""
+    P = check_chain(P)
+    K = P.shape[0]
+    f = _check_shares(f, K)
+    step = check.real(step, "step", minimum=0.0, strict=True, maximum=0.5)  # below every share of a 2-token support
+    support = np.flatnonzero(f > 0)
+    if support.size < 2:
+        return np.empty(0)
+    # an orthonormal basis of {x on supp f : Σx = 0}: the complement of 1 in a QR of [1 | I] on the support
+    Q, _ = np.linalg.qr(np.column_stack([np.ones(support.size), np.eye(support.size)[:, :-1]]))
+    basis = np.zeros((K, support.size - 1))
+    basis[support] = Q[:, 1:]
+    if step >= f[support].min():
+        raise ValueError(f"step {step:g} must be below the smallest share on the support, {f[support].min():g}")
+    params = pack_fluid_params(P)
+    columns = [(fluid_rhs(0.0, f + step * b, params) - fluid_rhs(0.0, f - step * b, params)) / (2 * step)
+               for b in basis.T]
+    return np.linalg.eigvals(basis.T @ np.column_stack(columns))
 
 
 def is_transversally_stable(P, f) -> bool:

@@ -246,6 +246,8 @@ DOMAINS = [
            refusals=("no equilibrium with support",)),
     domain(ccmc.is_transversally_stable, build=_equilibrium, raises=(ccmc.UncertifiedSolution,)),
     domain(ccmc.transversal_stability, real("tolerance", 0.0), build=_equilibrium),
+    domain(ccmc.tangent_eigenvalues, real("step", 0.0, 0.5, strict=True), build=_equilibrium, draws={"step": 1e-4},
+           refusals=("must be below the smallest share",)),
     domain(ccmc.fluid_rhs_into, system=None, checked_by="dynamics.ccmc.fluid_trajectory",
            build=_kernel_args(lambda: ccmc.pack_fluid_params(stochastic(np.eye(3))), 3)),
     domain(ccmc.fluid_rhs, system=None, checked_by="dynamics.ccmc.fluid_trajectory",

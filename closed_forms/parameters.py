@@ -31,7 +31,7 @@ class Parameter:
     kind : ``integer``, ``real``, ``vector`` (1-D), ``matrix`` (a scalar, a vector or a 2-D array: the system
         decides what each form means), ``boolean`` or ``choice``.
     default : the value when the parameter is not given (``None``: the system derives it or it is optional).
-    help : one line for ``attnflow solve --help`` and the docs.
+    help : one line for ``attnflow solve/simulate --describe`` and the docs.
     minimum, maximum : bounds for numbers (and for every entry of a vector or matrix); ``strict`` makes the
         minimum exclusive. The maximum keeps sizes that would exhaust memory or time from reaching a kernel.
     choices : the allowed words of a ``choice``.
@@ -54,6 +54,35 @@ class Parameter:
         """The checked value of ``value`` (text or a Python value)."""
         parse = getattr(self, f"_parse_{self.kind}")
         return parse(value)
+
+    def signature(self) -> str:
+        """The kind with its bounds or choices: ``integer >= 1, <= 1000000``, ``real > 0``, ``choice: adam | sgd``."""
+        if self.kind == "choice":
+            return "choice: " + " | ".join(self.choices)
+        bounds = []
+        if self.minimum is not None:
+            bounds.append(f"{'>' if self.strict else '>='} {_number_text(self.minimum)}")
+        if self.maximum is not None:
+            bounds.append(f"<= {_number_text(self.maximum)}")
+        entries = " each entry" if self.kind in ("vector", "matrix") and bounds else ""
+        return self.kind + (f",{entries} " + ", ".join(bounds) if bounds else "")
+
+    def default_text(self) -> str:
+        """The default as ``--param`` would take it (``derived`` when the system derives it)."""
+        return "derived" if self.default is None else self.text(self.default)
+
+    def text(self, value) -> str:
+        """``value`` in the text form :meth:`parse` reads: ``true``, ``0.25``, ``2,0``, ``1,0.3;0.3,0.6``."""
+        if isinstance(value, (bool, np.bool_)):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            return value
+        array = np.asarray(value)
+        if array.ndim == 0:
+            return _number_text(array.item())
+        if array.ndim == 1:
+            return ",".join(_number_text(v) for v in array.tolist())
+        return ";".join(",".join(_number_text(v) for v in row) for row in array.tolist())
 
     # ---- kinds -----------------------------------------------------------------------------------------------
 
@@ -158,12 +187,16 @@ def parse_parameters(specs, values: Mapping, *, owner: str) -> dict:
 
 
 def describe(specs) -> list[str]:
-    """One line per parameter: name, kind, default and help (for ``attnflow solve SYSTEM --help``)."""
-    lines = []
-    for spec in specs:
-        default = "derived" if spec.default is None else spec.default
-        lines.append(f"{spec.name} ({spec.kind}, default {default}): {spec.help}")
-    return lines
+    """One line per parameter: name, kind, bounds or choices, default (in the text form ``--param`` takes) and help
+    (``attnflow solve SYSTEM --describe``)."""
+    return [f"{spec.name} ({spec.signature()}, default {spec.default_text()}): {spec.help}" for spec in specs]
+
+
+def _number_text(value) -> str:
+    """A number as the shortest text that reads back to it (``10``, ``0.25``, ``1e-06``)."""
+    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e15):
+        return str(int(value))
+    return repr(float(value))
 
 
 def square_matrix(value, name: str, d: int) -> np.ndarray:

@@ -61,6 +61,19 @@ class NoiseBand:
         w = np.broadcast_to(np.asarray(direction, float), self.mean.shape)
         return self._mean_and_se(np.einsum("np,nbpq,nq->nb", w, self.batch_covariances, w))
 
+    def smooth_metric(self, gradients, hessians) -> tuple[np.ndarray, np.ndarray]:
+        """How a smooth metric m(θ_k) spreads over the runs, to second order in the fluctuation δ ~ N(0, C_k) (the
+        LNA's leading-order law): m(θ̄ + δ) ≈ m(θ̄) + gᵀδ + ½δᵀHδ has mean m(θ̄) + ½tr(HC) and variance
+        gᵀCg + ½tr((HC)²). Returns that mean shift and standard deviation at every recorded step; ``gradients``
+        (n, p) and ``hessians`` (n, p, p) are m's at θ̄_k. Near an optimum, where g → 0, the second-order terms
+        are the whole spread (a risk cannot fall below its minimum)."""
+        g = np.asarray(gradients, float).reshape(self.mean.shape)
+        H = np.asarray(hessians, float).reshape(self.covariance.shape)
+        HC = H @ self.covariance
+        shift = 0.5 * np.trace(HC, axis1=1, axis2=2)
+        variance = np.einsum("np,npq,nq->n", g, self.covariance, g) + 0.5 * np.einsum("nij,nji->n", HC, HC)
+        return shift, np.sqrt(np.clip(variance, 0.0, None))
+
     def total_variance(self) -> tuple[np.ndarray, np.ndarray]:
         """tr C_k at every recorded step and its standard error (spread of the batch traces)."""
         return self._mean_and_se(np.trace(self.batch_covariances, axis1=2, axis2=3))

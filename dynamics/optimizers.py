@@ -1,6 +1,7 @@
 """Optimisers for the minibatch simulators: in-place steps on a list of arrays, with a cosine learning-rate decay.
 
-Shared by every system that trains a model on sampled prompts (gd_beta, linear_attention_h3).
+Shared by every system that trains a model on sampled prompts (gd_beta, linear_attention_h3), and by their
+population predictions: the same optimiser on the exact gradient (:func:`exact_gradient_path`).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from attnflow.closed_forms import checks as check
 
 from .montecarlo import MAX_STEPS
 
-__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule", "FINAL_FRACTION"]
+__all__ = ["Optimizer", "SGD", "Adam", "OPTIMIZERS", "cosine_schedule", "FINAL_FRACTION", "exact_gradient_path"]
 
 # The default end of every cosine decay here (and of the trainers that use these optimisers): the learning rate
 # falls to this fraction of its initial value at the last step.
@@ -73,3 +74,32 @@ class Adam(Optimizer):
 
 
 OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+
+
+def exact_gradient_path(params, gradient, optimizer: str, lr: float, steps: int, record, *,
+                        final_fraction: float = FINAL_FRACTION) -> list[list[np.ndarray]]:
+    """The optimiser's path with the exact (population) gradient in place of the minibatch one: what a minibatch
+    run would do without its sampling noise, from the same start with the same steps and schedule.
+
+    ``params``: the starting arrays (copied); ``gradient(params) -> list of arrays``; ``record``: increasing steps
+    in [0, steps]. Returns copies of the parameters at each recorded step."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    lr = check.real(lr, "lr", minimum=0.0, strict=True)
+    steps = check.integer(steps, "steps", minimum=1)
+    if steps > MAX_STEPS:
+        raise ValueError(f"steps must be <= {MAX_STEPS}, got {steps}")
+    if not callable(gradient):
+        raise ValueError("gradient must be a function of the parameters")
+    record = check.finite_array(record, "record", ndim=1)
+    if np.any(record != np.round(record)) or record.size == 0 or np.any(np.diff(record) <= 0) or record[0] < 0 or record[-1] > steps:
+        raise ValueError(f"record must be increasing steps in [0, {steps}]")
+    params = [np.array(check.finite_array(p, f"params[{k}]"), dtype=float) for k, p in enumerate(params)]
+    opt = OPTIMIZERS[optimizer](params, lr, steps, final_fraction)
+    wanted = set(int(k) for k in record)
+    path = [[p.copy() for p in params]] if 0 in wanted else []
+    for step in range(1, int(record[-1]) + 1):
+        opt.step(gradient(params))
+        if step in wanted:
+            path.append([p.copy() for p in params])
+    return path

@@ -186,6 +186,8 @@ def test_solve_and_simulate_run_for_every_built_in_system(system, capsys, tmp_pa
         kind = "population" if command == "solve" else "minibatch"
         assert document["values"][f"{kind}: records"] == len(document["trajectory"]["times"]) >= 2
         assert document["trajectory"]["metrics"]
+        unlabelled = [m for m in document["trajectory"]["metrics"] if systems.get_system(system).label(m) == m]
+        assert not unlabelled, f"{command} records metrics with no readable label: {unlabelled}"
         assert all_finite(document["values"]), document["values"]
         assert (tmp_path / f"{command}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["solve", system, "--describe"]) == 0

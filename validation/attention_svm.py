@@ -1168,6 +1168,66 @@ def summary(problem: AttentionSVMProblem, *, seed) -> dict:
     return out
 
 
+# ==================================================================================================
+# `attnflow solve/simulate attention-svm`: labels and the prediction of a training run
+# ==================================================================================================
+
+LABELS = {
+    "one_minus_corr": "1 − corr with the max-margin SVM",
+    "norm": "‖θ‖ (‖KQᵀ‖ for (K, Q) training)",
+    "K_norm": "‖K‖",
+    "Q_norm": "‖Q‖",
+    "loss": "training loss L(θ)",
+    "unsat": "max_i (1 − max_t s_it): softmax short of one-hot",
+    "v_norm": "‖v‖ (joint training)",
+}
+
+COMPARE_RADII = 12  # radii of the regularisation path drawn beside a run (each one SLSQP solve)
+
+
+def compare(problem: AttentionSVMProblem, run, *, seed, algorithm: str = "ngd", eta: float = ETA, steps: int = 2000,
+            init_scale: float = 1.0, records: int = 60):
+    """The prediction of a training run (``attnflow simulate attention-svm --compare``): the regularisation path
+    θ_R = argmin_{‖θ‖≤R} L (Theorem T1, docs/attention_svm.md §5) at R = ‖θ_k‖, the run's own norm, at up to
+    ``COMPARE_RADII`` of its records: both tend to the max-margin direction, and at equal norm the path has the
+    least loss. NGD's directional error falls like k⁻² (§6.4), drawn through its last record. ``seed`` is unused."""
+    from attnflow.dynamics.montecarlo import Trajectory
+
+    from .compare import Comparison, NoPrediction
+
+    if "one_minus_corr" not in run.metrics:
+        raise NoPrediction(f"algorithm {algorithm} has no SVM direction to converge to here (the joint (v, p) limit "
+                           "or an infeasible SVM), and the regularisation path is the attention's alone")
+    norms = np.asarray(run.metrics["norm"], float)
+    # records where the norm sets a new high, then the first of them past each of COMPARE_RADII log-spaced radii
+    increasing = np.flatnonzero((norms > 0) & (norms > np.maximum.accumulate(np.r_[0.0, norms[:-1]])))
+    levels = np.geomspace(norms[increasing[0]], norms[increasing[-1]], COMPARE_RADII)
+    chosen = np.unique(increasing[np.minimum(np.searchsorted(norms[increasing], levels), increasing.size - 1)])
+    path = dyn.regularisation_path(problem, norms[chosen])
+    target = "θ^mm (Frobenius SVM)"
+    one_minus_corr = path.metrics["one_minus_corr"]
+    note = ("The path is drawn at R = ‖θ_k‖, the run's norm at each step: both tend to the max-margin direction, "
+            "and on the ball of that radius the path has the least loss, so the run's loss lies on or above it.")
+    if algorithm.startswith("kq"):
+        nuclear = cf.svm(problem, None, "nuc").theta.ravel()
+        flat = path.states["theta"].reshape(len(chosen), -1)
+        one_minus_corr = 1 - flat @ nuclear / (np.linalg.norm(flat, axis=1) * np.linalg.norm(nuclear))
+        target = "W*^mm (nuclear-norm SVM)"
+        note += (" (K, Q) training tends to the nuclear-norm SVM W*^mm, the path of W to the Frobenius one: against "
+                 "W*^mm the path levels off at 1 − corr(W^mm, W*^mm) (§6.5).")
+    prediction = Trajectory(times=run.times[chosen], metrics=dict(one_minus_corr=one_minus_corr,
+                                                                  loss=path.metrics["loss"]))
+    rates = {}
+    if algorithm == "ngd":
+        rates["one_minus_corr"] = ("power", -2.0, "∝ k⁻² (NGD, §6.4)")
+        note += " NGD's 1 − corr falls like k⁻² after a transient of about ‖θ^mm‖/(η·gap) steps (§6.4)."
+    elif algorithm == "gd":
+        note += " GD's 1 − corr falls only like 1/log²k (§6.4)."
+    return Comparison(run, ("one_minus_corr", "loss"), prediction,
+                      f"regularisation path at R = ‖θ_k‖ (1 − corr against {target})", rates=rates,
+                      simulation_label=f"{algorithm} on the whole data set", note=note)
+
+
 SYSTEM = System(
     key="attention_svm",
     title="Attention as a max-margin token selector: (normalised) GD, (K,Q) and joint training vs the attention SVMs",
@@ -1182,4 +1242,6 @@ SYSTEM = System(
     docs="docs/attention_svm.md",
     population_time="radius R of the regularisation path",
     minibatch_time="training step k",
+    labels=LABELS,
+    compare=compare,
 )

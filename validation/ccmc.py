@@ -17,6 +17,7 @@ from attnflow import seeding
 from attnflow.closed_forms import ccmc as cf
 from attnflow.closed_forms.ccmc import CCMCProblem
 from attnflow.dynamics import ccmc as dyn
+from attnflow.dynamics.montecarlo import Trajectory
 
 from . import plots
 from .claims import Outcome, claim
@@ -1008,6 +1009,51 @@ def summary(problem: CCMCProblem, *, seed) -> dict:
     return values
 
 
+# ==================================================================================================
+# `attnflow solve/simulate ccmc`: labels and the prediction of generated runs
+# ==================================================================================================
+
+LABELS = {
+    "share_{k}": "share of token {k} in the context",
+    "tokens_above_1pct": "tokens with share above 1%",
+    "largest_share": "largest share",
+}
+
+COMPARED_SHARES = 4  # share panels beside the largest share and the count of surviving tokens
+
+
+def compare(problem: CCMCProblem, run, *, seed, steps: int = 100_000, runs: int = 50, n_records: int = 60):
+    """The prediction of generated runs (``attnflow simulate ccmc --compare``): the fluid limit of §6.5 from X0's
+    shares at the run's recorded token counts, its largest share and surviving tokens beside the run means. Where
+    the fluid limit sits at an unstable equilibrium (a positive eigenvalue within its face,
+    :func:`~attnflow.closed_forms.ccmc.tangent_eigenvalues`) the note says that the runs leave it. ``seed`` is
+    unused (the fluid limit is deterministic)."""
+    from .compare import Comparison
+
+    fluid = dyn.population(problem, steps=steps, n_records=n_records)
+    if not np.array_equal(fluid.times, run.times):
+        raise RuntimeError("the fluid limit and the runs record different token counts")
+    shares = fluid.states["shares"]
+    prediction = Trajectory(times=fluid.times, states=fluid.states, info=fluid.info,
+                            metrics={**fluid.metrics, "largest_share": shares.max(axis=1)})
+    final = shares[-1]
+    drift = np.abs(cf.fluid_rhs(0.0, final, cf.pack_fluid_params(problem.P))).max()
+    growth = cf.tangent_eigenvalues(problem.P, np.where(final > 1e-12, final, 0.0) / final[final > 1e-12].sum()).real
+    if drift < 1e-8 and growth.size and growth.max() > 0:
+        note = (f"The fluid limit follows one run only near a stable equilibrium (§6.5). Here it sits at an "
+                f"unstable one (growth rate +{growth.max():.3g} per unit of log t within its face): each run's "
+                f"O(t^-1/2) noise pushes it off, and the runs collapse toward a few tokens (largest share "
+                f"{run.metrics['largest_share'][-1]:.3g} on average against {final.max():.3g}). The run-mean shares "
+                f"average runs that collapse onto different tokens.")
+    else:
+        note = ("The fluid limit is the path one run's shares follow up to O(t^-1/2) noise (§6.5), where it is "
+                "stable; the run means average the runs.")
+    shown = [f"share_{k}" for k in range(min(problem.K, COMPARED_SHARES))]
+    return Comparison(run, ("largest_share", "tokens_above_1pct", *shown), prediction,
+                      "fluid limit df/dτ = π(f) − f from X0's shares",
+                      simulation_label=f"mean over {runs} generated runs", note=note)
+
+
 SYSTEM = System(
     key="ccmc",
     title="Self-attention as a context-conditioned Markov chain: transition law, MLE, winner-takes-all generation",
@@ -1021,4 +1067,6 @@ SYSTEM = System(
     docs="docs/ccmc.md",
     population_time="generated tokens t (fluid limit, τ = log(1 + t/L₀))",
     minibatch_time="generated tokens t",
+    labels=LABELS,
+    compare=compare,
 )

@@ -6,14 +6,15 @@
     attnflow report STORE [NAMES…] [--out DIR] [--full] [--seed S] [--json] [--figure-format F,…]
     attnflow diff A.json B.json [--rtol R] [--json]
     attnflow solve SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--latex] [--describe]
-    attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--describe]
+    attnflow simulate SYSTEM [--param K=V …] [--seed S] [--json] [--plot FILE] [--compare | --no-compare] [--describe]
     attnflow sweep TARGET --grid NAME=v1,v2 [--seeds K] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--plot FILE]
     attnflow calibrate CLAIM [--seeds N] [--jobs J] [--scheduler ADDRESS] [--store DIR] [--json]
     attnflow calibrate --table FILE.md [CLAIM or SYSTEM ...] [--seeds N] [--verify | --rewitness] ...
 
 ``solve`` and ``simulate`` work for every registered system (attnflow.validation.systems): ``--param`` takes the
 Problem's parameters and the options of the population dynamics (solve) or of the minibatch algorithm
-(simulate); ``--describe`` lists them. Exit codes: 0 every claim's outcome is the registered one (PASS, or a documented FINDING reproduced) or the
+(simulate); ``--describe`` lists what each command accepts. ``simulate --compare`` runs the population prediction
+of the same quantities beside the minibatch run (attnflow.validation.compare). Exit codes: 0 every claim's outcome is the registered one (PASS, or a documented FINDING reproduced) or the
 command succeeded; 1 a claim failed or errored, or a finding stopped reproducing (with ``--strict`` findings count
 as failures too), or ``diff`` found a claim that differs; 2 bad input (one line on stderr); 130 interrupted.
 """
@@ -57,8 +58,13 @@ def _add_system_command(sub, name: str, help_text: str):
     command.add_argument("--seed", type=int, default=0, help="seed of every random quantity (default 0)")
     command.add_argument("--plot", metavar="FILE", help="write a PNG of the trajectory's metrics")
     command.add_argument("--json", action="store_true", help="print JSON (docs/cli.md)")
-    command.add_argument("--describe", action="store_true", help="list the system's parameters and options")
+    command.add_argument("--describe", action="store_true",
+                         help=f"list every parameter {name} accepts, with its kind, bounds, default and meaning")
     command.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if name == "simulate":
+        command.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
+                             help="run the population prediction of the same quantities too: print it beside the "
+                                  "run and draw it in --plot (default: on with --plot, for a system that has one)")
     return command
 
 
@@ -615,18 +621,14 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     return params
 
 
-def _split(system: systems.System, params: dict, option_sets: dict) -> tuple[dict, dict]:
-    """Problem values and, per option set, its values; a name that belongs to none is refused."""
-    problem_names = {p.name for p in system.problem.PARAMETERS}
-    owned = {name: set_name for set_name, specs in option_sets.items() for name in (p.name for p in specs)}
-    unknown = sorted(set(params) - problem_names - set(owned))
-    if unknown:
-        known = sorted(problem_names | set(owned))
-        raise ValueError(f"unknown {system.key} parameter(s) {unknown}; known: {', '.join(known)} (--describe)")
-    problem_values = {k: v for k, v in params.items() if k in problem_names}
-    options = {set_name: {k: v for k, v in params.items() if owned.get(k) == set_name and k not in problem_names}
-               for set_name in option_sets}
-    return problem_values, options
+def parse_system_parameters(system: systems.System, command: str, params: dict) -> tuple[object, dict]:
+    """The Problem and each option group's checked values for ``attnflow solve/simulate`` (``command``), from
+    ``--param`` texts: everything ``--describe`` lists for the command is accepted, anything else refused."""
+    problem_values, options = system.split_parameters(command, params)
+    problem = system.problem_from_params(problem_values)
+    parse = {"population options": system.population_options_from, "summary options": system.summary_options_from,
+             "minibatch options": system.minibatch_options_from}
+    return problem, {group: parse[group](values) for group, values in options.items()}
 
 
 def _trajectory_summary(trajectory) -> dict:
@@ -668,37 +670,62 @@ def _save(figure, path: str) -> None:
     print(f"figure written to {path}", file=sys.stderr)
 
 
+def _wants_comparison(args, system: systems.System) -> bool:
+    """--compare: on when asked, off with --no-compare; by default on with --plot when the system has one."""
+    if args.compare is None:
+        return bool(args.plot) and system.compare is not None
+    if args.compare and system.compare is None:
+        raise ValueError(f"system {system.key} declares no population prediction to compare (System.compare)")
+    return args.compare
+
+
 def _run_system_command(args, *, simulate: bool) -> int:
+    command = "simulate" if simulate else "solve"
     system = systems.get_system(args.system)
     if args.describe:
-        print(system.parameter_help())
+        print(system.describe(command))
         return 0
     seed = _check_seed(args.seed)
     _check_plot_file(args.plot)
     params = parse_params(args.param)
-    if simulate:
-        problem_values, options = _split(system, params, {"minibatch": system.minibatch_options})
-    else:
-        problem_values, options = _split(system, params, {"population": system.population_options,
-                                                          "summary": system.summary_options})
-    problem = system.problem_from_params(problem_values)
+    problem, options = parse_system_parameters(system, command, params)
+    comparing = simulate and _wants_comparison(args, system)
     values: dict = {}
+    comparison = None
     kind = "minibatch" if simulate else "population"
-    with LiveBar(wanted(quiet=args.no_progress or args.json), total=1, desc=args.command, unit="run") as live:
+    with LiveBar(wanted(quiet=args.no_progress or args.json), total=1 + comparing, desc=args.command,
+                 unit="run") as live:
         live.start(system.key)
         if simulate:
-            trajectory = system.minibatch(problem, seed=seed, **system.minibatch_options_from(options["minibatch"]))
+            trajectory = system.minibatch(problem, seed=seed, **options["minibatch options"])
         else:
             if system.summary is not None:
-                values.update(system.summary(problem, seed=seed, **system.summary_options_from(options["summary"])))
-            trajectory = system.population(problem, **system.population_options_from(options["population"]))
+                values.update(system.summary(problem, seed=seed, **options["summary options"]))
+            trajectory = system.population(problem, **options["population options"])
         live.advance()
+        if comparing:
+            from .compare import NoPrediction
+
+            live.start(f"{system.key} prediction")
+            try:
+                comparison = system.compare(problem, trajectory, seed=seeding.named(seed, "compare"),
+                                            **options["minibatch options"])
+            except NoPrediction as reason:
+                if args.compare:  # asked for by name: not having one is an error, exit 2
+                    raise
+                print(f"attnflow: note: no prediction drawn: {reason}", file=sys.stderr)
+            live.advance()
     values.update({f"{kind}: {k}": v for k, v in _trajectory_summary(trajectory).items()})
+    if comparison is not None:
+        values.update({f"prediction: final {k}": v for k, v in comparison.final_values().items()})
+        if comparison.note:
+            values["prediction: note"] = comparison.note
     if args.json:
-        document = dict(schema=f"attnflow.{'simulate' if simulate else 'solve'}/1",
-                        attnflow_version=report.version(), system=system.key,
+        document = dict(schema=f"attnflow.{command}/1", attnflow_version=report.version(), system=system.key,
                         seed=args.seed, parameters=params, values=values,
                         trajectory=dict(times=trajectory.times, metrics=trajectory.metrics))
+        if comparison is not None:
+            document["comparison"] = _comparison_document(comparison)
         print(json.dumps(claims_module.to_jsonable(document), indent=2, ensure_ascii=False))
     else:
         _print_values(values)
@@ -706,10 +733,30 @@ def _run_system_command(args, *, simulate: bool) -> int:
         from . import plots
 
         time_label = system.minibatch_time if simulate else system.population_time
-        title = f"{system.key}: {'minibatch run' if simulate else 'population dynamics'}"
-        draw = system.population_figure if system.population_figure and not simulate else plots.trajectory_figure
-        _save(draw(trajectory, title, time_label), args.plot)
+        if comparison is not None:
+            from .compare import comparison_figure
+
+            figure = comparison_figure(comparison, f"{system.key}: the run beside its prediction", time_label,
+                                       labels=system.labels)
+        elif simulate:
+            figure = plots.trajectory_figure(trajectory, f"{system.key}: minibatch run", time_label,
+                                             labels=system.labels)
+        else:
+            draw = system.population_figure or plots.trajectory_figure
+            figure = draw(trajectory, f"{system.key}: population dynamics", time_label, labels=system.labels)
+        _save(figure, args.plot)
     return 0
+
+
+def _comparison_document(comparison) -> dict:
+    """The prediction of ``--compare --json``: what it is, the note, and its compared metrics at its times."""
+    prediction = comparison.prediction
+    shown = [] if prediction is None else [m for m in comparison.metrics if m in prediction.metrics]
+    return dict(prediction=comparison.label, note=comparison.note, metrics=list(comparison.metrics),
+                times=[] if prediction is None else prediction.times,
+                values={m: prediction.metrics[m] for m in shown},
+                bands={m: dict(times=t, low=low, high=high) for m, (t, low, high) in comparison.bands.items()},
+                levels={m: value for m, (value, _) in comparison.levels.items()})
 
 
 def _command_solve(args) -> int:

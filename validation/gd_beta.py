@@ -13,6 +13,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms import gd_beta as cf
 from attnflow.closed_forms.gd_beta import GDBetaProblem
 from attnflow.dynamics import gd_beta as dyn
+from attnflow.dynamics.montecarlo import Trajectory
 
 from . import plots, stats
 from .claims import Outcome, ScalingLaw, claim, observable
@@ -746,7 +747,7 @@ def summary(problem: GDBetaProblem, *, seed, bayes_contexts: int = 20_000) -> di
     }
 
 
-def population_figure(trajectory, title: str, time_label: str):
+def population_figure(trajectory, title: str, time_label: str, labels=None):
     """The gradient flow's metrics (``attnflow solve gd-beta --plot``) with the local rates of Theorem 6.3 drawn
     beside them (docs/gd_beta.md §9): ‖β₀ − β*‖ at 2λ_min(B(Γ*)), ‖Γ − Γ*‖_F at the tail rate min(Γ rate, 2·β rate),
     and R − R*, quadratic in both errors near the optimum, at twice the slower of the two."""
@@ -756,7 +757,68 @@ def population_figure(trajectory, title: str, time_label: str):
         "beta_error": (rates.beta, rf"predicted $e^{{-{rates.beta:.3g}\,t}}$"),
         "gamma_error": (rates.gamma_tail, rf"predicted $e^{{-{rates.gamma_tail:.3g}\,t}}$"),
         "excess_risk": (2 * slowest, rf"predicted $e^{{-{2 * slowest:.3g}\,t}}$"),
-    })
+    }, labels=labels)
+
+
+LABELS = {
+    "risk": "population risk R(β₀, Γ)",
+    "excess_risk": "excess risk R − R*",
+    "beta_error": "‖β₀ − β₀(∞)‖",
+    "gamma_error": "‖Γ − Γ(∞)‖_F",
+    "batch_loss": "minibatch loss",
+}
+
+COMPARE_CONTEXTS = 4000  # contexts of the Monte-Carlo pool for Σ of the SGD band (16 batches of 250)
+
+
+def compare(problem: GDBetaProblem, run, *, seed, model: str = "gd_beta", batch_size: int = 128, steps: int = 1000,
+            lr: float = 0.05, optimizer: str = "adam"):
+    """The prediction of a minibatch run (``attnflow simulate gd-beta --compare``).
+
+    GD-β: the same optimiser, schedule and start (0, 0) on the exact population gradient (G.4, G.5), recorded at
+    the run's steps; with SGD also the linear-noise band of docs/gd_beta.md §12 (docs/diffusion.md) on the risk,
+    mean ½tr(∇²R·C) above the path and ±2 sd of gᵀCg + ½tr((∇²R·C)²), Σ estimated on ``COMPARE_CONTEXTS`` contexts
+    drawn from ``seed``. The other models have no closed-form path in their coordinates: their class's optimal risk
+    is drawn (inf LTB = R*, Thm 5.3; inf LSA, docs/gd_beta.md §6)."""
+    from attnflow.dynamics.optimizers import exact_gradient_path
+
+    from .compare import Comparison
+
+    R_star = cf.optimal_risk(problem)
+    if model != "gd_beta":
+        mlp = model.startswith("ltb")
+        optimum = R_star if mlp else cf.optimal_attention_risk(problem, mlp=False).risk
+        name = "inf LTB risk = R* (Thm 5.3)" if mlp else "inf LSA risk (docs/gd_beta.md §6)"
+        return Comparison(run, ("risk",), levels={"risk": (optimum, name)},
+                          note=f"{model} has no closed-form population path in its own coordinates: the dotted line "
+                               f"is the optimal risk of its class, which training should approach.")
+    record = run.times.astype(int)
+    path = exact_gradient_path([np.zeros(problem.d), np.zeros((problem.d, problem.d))],
+                               lambda params: list(cf.risk_gradient(problem, *params)), optimizer, lr, steps, record)
+    betas = np.array([b for b, _ in path])
+    Gammas = np.array([G for _, G in path])
+    risk = cf.icl_risk(problem, betas, Gammas)
+    prediction = Trajectory(times=run.times.copy(),
+                            metrics=dict(risk=risk, excess_risk=dyn.excess_risk(problem, betas, Gammas)))
+    simulation = Trajectory(times=run.times, states=run.states, info=run.info, metrics={
+        **run.metrics, "excess_risk": dyn.excess_risk(problem, run.states["beta0"], run.states["Gamma"])})
+    label = f"{optimizer} on the population gradient (same steps and schedule)"
+    if optimizer != "sgd":
+        return Comparison(simulation, ("risk", "excess_risk"), prediction, label, levels={"risk": (R_star, "R* (Thm 5.2)")},
+                          note=f"The linear-noise band is derived for SGD (docs/diffusion.md); {optimizer} rescales "
+                               f"each coordinate's noise by its own running moments, so none is drawn.")
+    pool = dyn.context_pool(problem, COMPARE_CONTEXTS, seed=seed)
+    band = dyn.sgd_linear_noise(problem, batch_size, steps, lr, pool, record_every=max(1, steps // 100))
+    if not np.array_equal(band.steps, record):  # the same recorded steps as minibatch_trajectory
+        raise RuntimeError(f"the band records steps {band.steps[:3]}…, the run {record[:3]}…")
+    gradients = np.array([cf.flow_state(*cf.risk_gradient(problem, b, G)) for b, G in zip(betas, Gammas)])
+    hessians = np.array([cf.risk_hessian(problem, b, G) for b, G in zip(betas, Gammas)])
+    shift, sd = band.smooth_metric(gradients, hessians)
+    bands = {name: (run.times, values + shift - 2 * sd, values + shift + 2 * sd)
+             for name, values in prediction.metrics.items()}
+    return Comparison(simulation, ("risk", "excess_risk"), prediction, label, bands=bands,
+                      band_label=f"linear-noise band at B = {batch_size} (±2 sd)",
+                      levels={"risk": (R_star, "R* (Thm 5.2)")})
 
 
 # ==================================================================================================
@@ -1175,4 +1237,6 @@ SYSTEM = System(
     population_time="flow time t",
     minibatch_time="training step",
     population_figure=population_figure,
+    labels=LABELS,
+    compare=compare,
 )

@@ -453,6 +453,53 @@ def time_to_loss_submodel(seed, Ds, epsilons):
               "capture.")
 
 
+# ==================================================================================================
+# `attnflow solve/simulate group-sparse`: labels and the prediction of a minibatch run
+# ==================================================================================================
+
+LABELS = {
+    "loss": "logistic loss",
+    "s_star": "attention on the relevant group j*",
+    "attention": "attention on the relevant group j*",
+    "cos": "cos(v₁, v*)",
+    "beta": "β = ⟨v₁, v*⟩",
+    "c_par": "c_par = v*ᵀW₁₁v*",
+    "c_perp": "c_perp (W₁₁ off v*)",
+    "w_star_star": "W₂₂[j*, j*]",
+    "w_star_other": "W₂₂[j*, other] (mean)",
+    "w_other_star": "W₂₂[other, j*] (mean)",
+    "v1_off_direction": "‖v₁ − βv*‖ (symmetry residual)",
+    "v2": "‖v₂‖ (symmetry residual)",
+    "W12": "‖W₁₂‖ (symmetry residual)",
+    "W21": "‖W₂₁‖ (symmetry residual)",
+    "W22_column_sum": "max |column sum of W₂₂| (residual)",
+    "W22_asymmetry": "W₂₂ minus its symmetric part (residual)",
+    "W11_off_model": "W₁₁ off its two-scalar form (residual)",
+}
+
+
+def compare(problem: GroupSparseProblem, run, *, seed, eta: float = 1.0, steps: int = 20, batch_size: int = 3000,
+            position_only: bool = False, n_records: int = 30):
+    """The prediction of GD on fresh batches (``attnflow simulate group-sparse --compare``): the (β, α) map of the
+    position-only sub-model (docs/group_sparse.md §6) at the run's η and recorded steps; its attention on j* is
+    s* = e^α/(e^α + D − 1). ``seed`` is unused (the map's integrals are closed forms)."""
+    from attnflow.dynamics.montecarlo import Trajectory
+
+    from .compare import Comparison
+
+    reduced = dyn.position_only_trajectory(problem, eta, steps, record_steps=run.times.astype(int))
+    prediction = Trajectory(times=reduced.times, metrics=dict(loss=reduced.metrics["loss"],
+                                                              beta=reduced.states["beta"],
+                                                              attention=reduced.metrics["s_star"]))
+    note = (f"The map is population GD; the run draws {batch_size} fresh samples per step, so it scatters about the "
+            f"map by O(B^-1/2).")
+    if not position_only:
+        note += (" It also trains W₁₁ (position_only=false), which the sub-model freezes at 0 (§6): its content "
+                 "attention adds to the positional one, so loss and attention may run ahead of the map.")
+    return Comparison(run, ("loss", "beta", "attention"), prediction, f"(β, α) map of the sub-model, η = {eta:g}",
+                      note=note)
+
+
 SYSTEM = System(
     key="group_sparse",
     title="Variable selection in group-sparse classification: symmetry invariants and the (β, α) sub-model",
@@ -465,4 +512,6 @@ SYSTEM = System(
     docs="docs/group_sparse.md",
     population_time="GD step of the (β, α) map",
     minibatch_time="GD step",
+    labels=LABELS,
+    compare=compare,
 )

@@ -1188,6 +1188,76 @@ def gradient_flow_converges(seed, n_points):
 # ==================================================================================================================
 
 
+# ==================================================================================================
+# `attnflow solve/simulate linear-attention-h3`: labels and the prediction of a minibatch run
+# ==================================================================================================
+
+LABELS = {
+    "risk": "risk of the model's (W)PGD predictor",
+    "excess_risk": "excess risk R − L*",
+    "distance": "distance to the optimum W*",
+    "batch_loss": "minibatch loss",
+}
+
+
+def population_figure(trajectory, title: str, time_label: str, labels=None):
+    """The gradient flow's metrics (``attnflow solve linear-attention-h3 --plot``) with the rate of §4.4 drawn
+    beside them: the flow is linear, so ‖W − W*‖_F decays at its slowest rate 2λ_min(H)λ_min(M) (2B in the rag and
+    tfa designs, §7.1) and the excess risk, quadratic in W − W*, at twice that."""
+    rate = trajectory.info["rate"]
+    return plots.trajectory_figure_with_rates(trajectory, title, time_label, {
+        "distance": (rate, rf"predicted $e^{{-{rate:.3g}\,t}}$"),
+        "excess_risk": (2 * rate, rf"predicted $e^{{-{2 * rate:.3g}\,t}}$"),
+    }, labels=labels)
+
+
+def compare(problem: H3Problem, run, *, seed, model: str = "attention", steps: int = 2000, batch_size: int = 256,
+            lr: float = 0.01, optimizer: str = "adam", rank: int | None = None):
+    """The prediction of training on fresh prompts (``attnflow simulate linear-attention-h3 --compare``). PGD: the
+    same optimiser, schedule and start W = 0 on the exact risk gradient (§4.4), recorded at the run's steps, and
+    the optimum L* (§4.2). Attention and H3 have no closed-form path in their own weights: their optimal risk is
+    drawn, L* (or L*_r below full rank, §5.1) and L*_H3 (§6.2). The rag and tfa designs record the batch loss
+    only: the optimum of §7.1 is drawn beside it. ``seed`` is unused."""
+    from attnflow.dynamics.montecarlo import Trajectory
+    from attnflow.dynamics.optimizers import exact_gradient_path
+
+    from .compare import Comparison, NoPrediction
+
+    if problem.design != "iid":
+        L_star, _ = cf.correlated_optimum(problem)
+        return Comparison(run, ("batch_loss",), levels={"batch_loss": (L_star, "optimal risk L* (§7.1)")},
+                          note=f"The {problem.design} design has no closed-form risk along training: the minibatch "
+                               "loss scatters about the risk, which training brings down to the optimum L*.")
+    L_star = cf.optimal_risk(problem)
+    if model == "pgd":
+        path = exact_gradient_path([np.zeros((problem.d, problem.d))],
+                                   lambda params: [cf.pgd_risk_gradient(problem, params[0])], optimizer, lr, steps,
+                                   run.times.astype(int), final_fraction=0.02)
+        risk = cf.pgd_risk(problem, np.array([W for W, in path]))
+        prediction = Trajectory(times=run.times, metrics=dict(risk=risk, excess_risk=risk - L_star))
+        simulation = Trajectory(times=run.times, states=run.states, info=run.info, final=run.final,
+                                metrics={**run.metrics, "excess_risk": run.metrics["risk"] - L_star})
+        return Comparison(simulation, ("risk", "excess_risk"), prediction, f"{optimizer} on the exact risk gradient (same schedule)",
+                          levels={"risk": (L_star, "L* (§4.2)")},
+                          note="This system has no diffusion band: the run scatters about the exact-gradient path by "
+                               "its minibatch noise.")
+    if model == "attention":
+        width = problem.d + 1 if rank is None else rank
+        if width >= problem.d:
+            optimum, name = L_star, "L* (§4.2, d_k ≥ d)"
+        elif problem.homogeneous:
+            optimum, name = cf.low_rank_optimal_risk(problem, width), f"L*_r at rank r = {width} (§5.1)"
+        else:
+            raise NoPrediction(f"the rank-{width} optimum is in closed form only for homogeneous covariances (§5.1)")
+    else:
+        if not all(np.allclose(m, np.eye(problem.d)) for m in (problem.H, problem.Psi, problem.Delta)):
+            raise NoPrediction("the H3 optimum is in closed form only for H = Ψ = Δ = I (§6.2)")
+        optimum, name = cf.h3_optimum(problem)[0], "L*_H3 (§6.2)"
+    return Comparison(run, ("risk",), levels={"risk": (optimum, name)},
+                      note=f"The {model} model has no closed-form training path in its own weights: the dotted line "
+                           f"is its optimal risk, which training should approach.")
+
+
 def summary(problem: H3Problem, *, seed) -> dict:
     """The system's closed forms at one problem (``attnflow solve linear_attention_h3``)."""
     out = {"d": problem.d, "n": problem.n, "sigma2": problem.sigma2, "design": problem.design}
@@ -1227,4 +1297,7 @@ SYSTEM = System(
     docs=DOCS,
     population_time="flow time t",
     minibatch_time="training step",
+    population_figure=population_figure,
+    labels=LABELS,
+    compare=compare,
 )

@@ -20,6 +20,7 @@ from attnflow.closed_forms import certificates
 from attnflow.closed_forms import next_token_scc as cf
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.dynamics import next_token_scc as dyn
+from attnflow.dynamics.montecarlo import Trajectory
 
 from . import plots, stats
 from .claims import Outcome, claim
@@ -778,6 +779,48 @@ def summary(problem: NTPProblem, *, seed) -> dict:
             "‖W^fin‖": float(np.linalg.norm(ref.W_fin)), "L_red(W^fin) (limit loss)": ref.limit_loss}
 
 
+# ==================================================================================================
+# `attnflow solve/simulate next-token-scc`: labels and the prediction of a training run
+# ==================================================================================================
+
+LABELS = {
+    "loss": "training loss L(W)",
+    "log_loss": "log L(W)",
+    "norm": "‖W‖",
+    "fin_error": "distance of the finite part to W^fin",
+    "loss_gap": "L(W) − L_red(W^fin)",
+    "one_minus_corr": "1 − corr(W, W^svm)",
+    "one_minus_corr_perp": "1 − corr(W minus its finite part, W^svm)",
+    "one_minus_corr_decomposed": "1 − corr(W, W^fin + R·W^svm)",
+    "mass_off": "attention mass off the high-priority tokens",
+    "tv": "TV(attention on them, its limit)",
+}
+
+
+def compare(problem: NTPProblem, run, *, seed, algorithm: str = "ngd", eta: float = 0.01, steps: int = 4000,
+            init_scale: float = 1.0, records: int = 40):
+    """The prediction of a training run (``attnflow simulate next-token-scc --compare``): the same algorithm on the
+    same exact loss from the theorem's start W₀ = 0 (§2.3), at the run's recorded steps, and the limits of the
+    theorem: the loss tends to L_red(W^fin) (§4), the direction to W^svm. ``seed`` is unused."""
+    from .compare import Comparison
+
+    ref = dyn.reference(problem)
+    theory = dyn.train(problem, np.zeros((problem.d, problem.d)), eta=eta, steps=steps,
+                       normalise=algorithm == "ngd", record=run.times.astype(np.int64))
+    prediction = Trajectory(times=theory.times, states=theory.states,
+                            metrics={**theory.metrics, **dyn.metrics(theory, ref)})
+    note = ("No sampling here: the run and the prediction are the same algorithm on the same exact loss, from a "
+            "random W₀ and from 0. The part of W₀ outside S_all never moves (§2.2): it adds to the run's "
+            "directional error, less as ‖W‖ grows.")
+    if algorithm == "ngd":
+        note += " NGD's finite part cycles at ±η/2 about W^fin (§6.3), so its error stalls near η/2."
+    panels = ("loss", "one_minus_corr", "fin_error", "mass_off") if np.linalg.norm(ref.W_svm) > 0 else \
+        ("loss", "fin_error", "mass_off")
+    return Comparison(run, panels, prediction, f"{algorithm} from W₀ = 0, η = {eta:g}",
+                      levels={"loss": (ref.limit_loss, "limit L_red(W^fin) (§4)")},
+                      simulation_label=f"{algorithm} from a random W₀", note=note)
+
+
 SYSTEM = System(
     key="next_token_scc",
     title="Next-token prediction with self-attention: token-priority graphs, SCCs, W = R·W^svm + W^fin",
@@ -792,4 +835,6 @@ SYSTEM = System(
     docs="docs/next_token_scc.md",
     population_time="GD step τ",
     minibatch_time="training step k",
+    labels=LABELS,
+    compare=compare,
 )

@@ -106,12 +106,67 @@ def scaling_figure(x, y, fit, law, title: str):
     return fig
 
 
-def trajectory_figure(trajectory, title: str, time_label: str, *, max_panels: int = 6):
-    """Every named metric of a Trajectory against time, one panel each (at most ``max_panels``).
+def log_spaced(times) -> bool:
+    """Whether recorded times are log-spaced (geometric after a possible t = 0, as ``np.geomspace`` records, rounded
+    to whole steps or not): the positive times span more than a decade and over a third of them lie in its first
+    tenth, where evenly spaced times put a tenth. A log time axis then shows every record; a linear one crowds the
+    early ones into its first pixels."""
+    t = np.asarray(times, float)
+    t = t[np.isfinite(t) & (t > 0)]
+    if t.size < 4 or t.max() < 10 * t.min():
+        return False
+    return np.mean(t < t.max() / 10) > 1 / 3
 
-    A metric that is positive (but for at most a tenth of its records, such as an error that reaches exactly 0)
-    and spans more than two decades is drawn on a log axis, where exponential convergence is a straight line
-    against the linear time axis; a narrower span stays linear, so its axis keeps readable numbers."""
+
+def spans_decades(values) -> bool:
+    """Whether a series belongs on a log axis: positive (but for at most a tenth of its finite values, such as an
+    error that reaches exactly 0) and spanning more than two decades in its middle 90%, so that a few values near 0
+    at the start (a coordinate that grows from 0 to 1) do not turn its axis logarithmic."""
+    values = np.asarray(values, float)
+    finite = values[np.isfinite(values)]
+    positive = finite[finite > 0]
+    if positive.size < 2 or positive.size < 0.9 * max(finite.size, 1):
+        return False
+    low, high = np.percentile(positive, [5, 95])
+    return high > 100 * low
+
+
+def readable_linear_axis(ax, values) -> None:
+    """A linear y axis that shows its numbers as they are: no offset (``1e-13 + 0.25``) and, for a series that is
+    constant up to round-off, a range of ±5% around its value rather than one magnified to the round-off."""
+    ax.ticklabel_format(axis="y", useOffset=False)
+    finite = np.asarray(values, float)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return
+    low, high = finite.min(), finite.max()
+    scale = max(abs(low), abs(high))
+    if high - low <= 1e-9 * scale or scale == 0:
+        pad = 0.05 * scale if scale > 0 else 1.0
+        ax.set_ylim(low - pad, high + pad)
+
+
+def label_of(labels, key: str) -> str:
+    """The readable label of a record key: its own, or that of its pattern for a numbered key (``share_3`` by
+    ``share_{k}``), else the key itself."""
+    labels = labels or {}
+    if key in labels:
+        return labels[key]
+    stem, _, number = key.rpartition("_")
+    if number.isdigit() and f"{stem}_{{k}}" in labels:
+        return labels[f"{stem}_{{k}}"].format(k=number)
+    return key
+
+
+def trajectory_figure(trajectory, title: str, time_label: str, *, labels=None, log_time: bool | None = None,
+                      max_panels: int = 6):
+    """Every named metric of a Trajectory against time, one panel each (at most ``max_panels``), titled by
+    ``labels`` (record key → readable label; the key where none is given).
+
+    The time axis is logarithmic when the records are log-spaced (:func:`log_spaced`; ``log_time`` overrides). A
+    metric that :func:`spans_decades` is drawn on a log axis, where exponential convergence is a straight line
+    against a linear time axis and a power law one against a log time axis; a narrower span stays linear, so its
+    axis keeps readable numbers. Each panel's ``gid`` is its metric's key."""
     names = list(trajectory.metrics)[:max_panels]
     if not names:
         raise ValueError("the trajectory records no metric to plot")
@@ -119,17 +174,21 @@ def trajectory_figure(trajectory, title: str, time_label: str, *, max_panels: in
     nrows = -(-len(names) // ncols)
     fig, axes = figure(ncols=ncols, nrows=nrows, width=3.8, height=3.0)
     axes = np.atleast_1d(axes)
+    times = np.asarray(trajectory.times, float)
+    logx = log_spaced(times) if log_time is None else bool(log_time)
+    shown_times = times > 0 if logx else np.ones(times.size, bool)
     for ax, name in zip(axes, names):
         values = np.asarray(trajectory.metrics[name], float)
-        finite = values[np.isfinite(values)]
-        positive = finite[finite > 0]
-        log = positive.size >= 0.9 * max(finite.size, 1) and positive.size > 1 and positive.max() > 100 * positive.min()
+        log = spans_decades(values)
         shown = np.where(values > 0, values, np.nan) if log else values
-        ax.plot(trajectory.times, shown, marker="." if values.size <= 60 else None)
-        ax.set_xlim(trajectory.times[0], trajectory.times[-1])
+        ax.plot(times[shown_times], shown[shown_times], marker="." if values.size <= 60 else None)
+        ax.set_xlim(times[shown_times][0], times[shown_times][-1])
         for boundary in trajectory.info.get("boundaries", ()):  # stages of a multi-stage algorithm
             ax.axvline(boundary, color="gray", linestyle=":", linewidth=1)
-        finish(ax, name, time_label, name, logy=log)
+        ax.set_gid(name)
+        finish(ax, label_of(labels, name), time_label, "", logx=logx, logy=log)
+        if not log:
+            readable_linear_axis(ax, values)
     for ax in axes[len(names):]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
@@ -262,14 +321,16 @@ def _log_tick_label(value: float, _position=None) -> str:
     return rf"${mantissa:g}\times10^{{{exponent}}}$"
 
 
-def trajectory_figure_with_rates(trajectory, title: str, time_label: str, rates: dict, *, window: float = 1e-4):
-    """:func:`trajectory_figure` with each predicted exponential rate drawn beside its metric.
+def trajectory_figure_with_rates(trajectory, title: str, time_label: str, rates: dict, *, labels=None,
+                                 window: float = 1e-4):
+    """:func:`trajectory_figure` with each predicted exponential rate drawn beside its metric, against linear time
+    (where an exponential rate is a straight line on the metric's log axis).
 
     rates : metric name -> (rate λ, label): a theory line ∝ exp(−λt) on that metric's panel, anchored at the first
         record where the metric has fallen to ``window`` times its initial value (past the transient, where the
         local rate governs), or at the last record if it never does. The computed trajectory becomes markers."""
-    fig = trajectory_figure(trajectory, title, time_label)
-    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    fig = trajectory_figure(trajectory, title, time_label, labels=labels, log_time=False)
+    panels = {ax.get_gid(): ax for ax in fig.axes if ax.get_visible()}
     times = np.asarray(trajectory.times, float)
     for name, (rate, label) in rates.items():
         ax = panels.get(name)

@@ -420,6 +420,42 @@ def ridge_escape(seed, K, r, M, scales, steps):
               "by the instability. The accuracies after escape show training then succeeds (docs/random_walk.md §7).")
 
 
+# ==================================================================================================
+# `attnflow solve/simulate random-walk`: labels and the prediction of a minibatch run
+# ==================================================================================================
+
+LABELS = {
+    "loss": "loss E[−log(f_y + ε)]",
+    "parent_attention": "attention on the parent token (position N − 1)",
+    "query_attention": "attention on the query slot (position N)",
+    "accuracy": "accuracy P(Pred(f) = y)",
+}
+
+
+def compare(problem: RandomWalkProblem, run, *, seed, steps: int = 400, n_sequences: int = 2000,
+            init_scale: float = 0.0, n_records: int | None = 60):
+    """The prediction of GD on sampled sequences (``attnflow simulate random-walk --compare``): the exact reduced
+    (v, z) map over every step path (docs/random_walk.md §4), the population the sampled training set stands for,
+    at the run's recorded steps. ``seed`` is unused (the map is exact)."""
+    from attnflow.dynamics.montecarlo import Trajectory
+
+    from .compare import Comparison
+
+    reduced = dyn.reduced_trajectory(problem, cf.enumerate_paths(problem), steps,
+                                     record_steps=run.times.astype(np.int64))
+    attention = run.states["attention"]
+    simulation = Trajectory(times=run.times, states=run.states, info=run.info,
+                            metrics={**run.metrics, "parent_attention": attention[:, problem.N - 2],
+                                     "query_attention": attention[:, problem.N - 1]})
+    note = (f"The run is GD on {n_sequences} sampled sequences, the prediction the same GD on every path, so they "
+            f"differ by the training set's sampling error (O(n^-1/2)).")
+    if init_scale > 0:
+        note += (" From a random start (init_scale > 0) the run also leaves the symmetric subspace the reduced map "
+                 "lives on (docs/random_walk.md §3).")
+    return Comparison(simulation, ("loss", "parent_attention", "query_attention"), reduced,
+                      "reduced (v, z) map over every path", note=note)
+
+
 SYSTEM = System(
     key="random_walk",
     title="A transformer learns a random walk on a circle: the exact (v, z) reduction",
@@ -432,4 +468,6 @@ SYSTEM = System(
     docs="docs/random_walk.md",
     population_time="GD step (reduced map)",
     minibatch_time="GD step",
+    labels=LABELS,
+    compare=compare,
 )

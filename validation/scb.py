@@ -982,13 +982,89 @@ def transfer_batch_flat_in_T(seed, Ts, seeds, gamma, rho, tracking, max_batch):
                  for i, T in enumerate(Ts)])
 
 
+STAGE1_LEVEL = 0.1  # the level c at which Stage 1 ends in the summary (docs/scb.md §8.4)
+
+
 def summary(problem: SCBProblem, *, seed) -> dict:
-    """The closed forms of one SCB instance (``attnflow solve scb``); ``seed`` is unused (no Monte Carlo)."""
-    duration = cf.stage1_duration(problem, ETA, 0.1)
+    """The closed forms of one SCB instance (``attnflow solve scb``); ``seed`` is unused (no Monte Carlo).
+
+    τ₁ is printed as defined, the first normalised time with max(α_V, α_Q) >= c on the flow of docs/scb.md §8.3,
+    measured on that flow; its closed form log(2c/ε) − ½ log(1 − c²) is the ε ≪ c limit (§8.4, corrections
+    O(ε/c)) and is printed only when ε < c. Beyond, it is no estimate of τ₁ at all: it turns negative once
+    ε > 2c/√(1 − c²), while τ₁ > 0 always."""
+    c = STAGE1_LEVEL
+    duration = cf.stage1_duration(problem, ETA, c)
+    formula = (duration["tau"] if problem.epsilon < c else
+               f"not predicted: the formula is the ε ≪ c limit and here ε/c = {problem.epsilon / c:.3g} "
+               "(docs/scb.md §8.4)")
     return {"N": problem.N, "T": problem.T, "sparsity": problem.sparsity, "K_P": problem.K_P, "K_Q": problem.K_Q,
             "κ = ‖Q*‖²_μ": problem.kappa, "ε = 1/(T K_Q)": problem.epsilon, "R* (Bayes)": problem.bayes_risk,
-            "R₀ (initialisation)": problem.initial_risk, f"predicted τ₁ (c = 0.1, η = {ETA:g})": duration["tau"],
-            "predicted Stage-1 steps": duration["steps"], "slow-mode rate at (1, 1)": cf.slow_mode_rate(problem)}
+            "R₀ (initialisation)": problem.initial_risk,
+            f"Stage-1 time τ₁ (max α = {c:g}, normalised flow)": _flow_crossing(problem, c),
+            "τ₁ ≈ log(2c/ε) − ½ log(1 − c²) (ε ≪ c limit)": formula,
+            f"predicted Stage-1 steps (η = {ETA:g}, linear phase)": duration["steps"],
+            "slow-mode eigenvalue at (1, 1)": cf.slow_mode_rate(problem)}
+
+
+# ==================================================================================================
+# `attnflow simulate scb --compare`
+# ==================================================================================================
+
+LABELS = {
+    "alpha_V": "α_V (V along its line, docs/scb.md §8.1)",
+    "alpha_Q": "α_Q (Q along its line)",
+    "risk": "population risk on the line",
+    "dist_V": "‖V − P‖_μ",
+    "dist_Q": "‖Q − Q*‖_μ",
+    "colsum_V": "max |1ᵀV − 1ᵀ| (invariant)",
+    "stationarity_V": "max |Vμ − μ| (invariant)",
+    "colsum_Q": "max |1ᵀQ − 1ᵀ| (invariant)",
+    "loss": "minibatch loss",
+    "dist_Q_normalised": "‖Q_norm − Q*‖_μ (columns normalised)",
+}
+
+COMPARE_CONTEXTS = 4000  # contexts for the noise moments of the Stage-1 band (16 batches of 250)
+
+
+def compare(problem: SCBProblem, run, *, seed, eta: float = ETA, lam: float = 0.01, stage1_steps: int = 40,
+            stage1_batch: int = 8000, **stages):
+    """The prediction of Algorithm 1 on minibatches (``attnflow simulate scb --compare``): the population map on
+    the line (eq. 7, η_V = η/K_Q, η_Q = η/K_P) over the whole run, with (α_V, α_Q), the distances on the line
+    |α − 1|·√K and the risk on the line; over Stage 1 the diffusion tier's band (docs/scb.md §14): the closure map's
+    mean ± 2 sd of each α, and √E‖·‖²_μ of the distances (line part and mean off-line error), noise moments on
+    ``COMPARE_CONTEXTS`` contexts drawn from ``seed``."""
+    from .compare import Comparison
+
+    steps = int(run.times[-1])
+    line = dyn.line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps)
+    alpha_V, alpha_Q = line.metrics["alpha_V"], line.metrics["alpha_Q"]
+    prediction = replace_metrics(line, alpha_V=alpha_V, alpha_Q=alpha_Q,
+                                 dist_V=np.abs(alpha_V - 1) * math.sqrt(problem.K_P),
+                                 dist_Q=np.abs(alpha_Q - 1) * math.sqrt(problem.K_Q), loss=line.metrics["risk"])
+    contexts = dyn.context_sample(problem, COMPARE_CONTEXTS, seed=seed)
+    band = dyn.stage1_noise_band(problem, eta, stage1_batch, stage1_steps, contexts, record_every=1)
+    sd = np.sqrt(np.clip(np.diagonal(band.alpha_cov, axis1=1, axis2=2), 0.0, None))
+    bands = {name: (band.steps, band.alpha[:, k] - 2 * sd[:, k], band.alpha[:, k] + 2 * sd[:, k])
+             for k, name in enumerate(("alpha_V", "alpha_Q"))}
+    for name, k, K, e in (("dist_V", 0, problem.K_P, band.e_V), ("dist_Q", 1, problem.K_Q, band.e_Q)):
+        # E‖V − P‖²_μ = E(α_V − 1)²K_P + E‖ΔV‖²_μ (Pythagoras in the μ-norm, §8.1), ± 2 sd of α alone
+        centre = np.abs(band.alpha[:, k] - 1)
+        low = np.sqrt(np.clip(centre - 2 * sd[:, k], 0.0, None) ** 2 * K + e)
+        high = np.sqrt((centre + 2 * sd[:, k]) ** 2 * K + e)
+        bands[name] = (band.steps, low, high)
+    return Comparison(run, ("alpha_V", "alpha_Q", "dist_V", "dist_Q", "loss"), prediction,
+                      f"population map on the line, η = {eta:g}", bands=bands,
+                      band_label=f"Stage-1 diffusion band at B = {stage1_batch} (±2 sd)",
+                      note="Stage 1 is the line map plus minibatch noise, which the band predicts. Stages 2–3 round "
+                           "Q, add the ℓ₁ step and retrain V, which the line map does not do: past the first stage "
+                           "boundary the dashed line is λ = 0 population GD, for reference.")
+
+
+def replace_metrics(trajectory, **metrics):
+    """``trajectory`` with ``metrics`` as its metrics (the same times, states and info)."""
+    from attnflow.dynamics.montecarlo import Trajectory
+
+    return Trajectory(times=trajectory.times, states=trajectory.states, metrics=metrics, info=trajectory.info)
 
 
 # ==================================================================================================
@@ -1287,4 +1363,6 @@ SYSTEM = System(
     docs="docs/scb.md",
     population_time="step of the population map",
     minibatch_time="step of Algorithm 1",
+    labels=LABELS,
+    compare=compare,
 )

@@ -14,9 +14,9 @@ and observables (the ``@claim`` and ``@observable`` decorators); their dotted na
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Callable
+from typing import Callable, Mapping
 
 from attnflow.closed_forms.parameters import Parameter, describe, parse_parameters
 
@@ -67,9 +67,18 @@ class System:
     population_time, minibatch_time : str
         What the trajectories' times are (axis labels): flow time, GD step, …
     population_figure : callable, optional
-        ``population_figure(trajectory, title, time_label) -> Figure``: the figure of ``attnflow solve --plot``,
-        for a system that draws its predicted rates beside the computed trajectory (default: every metric against
-        time, ``plots.trajectory_figure``).
+        ``population_figure(trajectory, title, time_label, labels=None) -> Figure``: the figure of
+        ``attnflow solve --plot``, for a system that draws its predicted rates beside the computed trajectory
+        (default: every metric against time, ``plots.trajectory_figure``).
+    labels : mapping
+        A readable label for each metric key its trajectories record (``one_minus_corr`` → "1 − corr(θ, θ^mm)"):
+        the panel titles of ``solve``/``simulate --plot``. Numbered keys share a pattern (``share_{k}`` →
+        "share of token {k}" labels ``share_0``, ``share_1``, …); a key without a label is shown as it is.
+    compare : callable, optional
+        ``compare(problem, run, *, seed, **minibatch_options) -> Comparison`` (attnflow.validation.compare): the
+        population or reduced prediction of the minibatch ``run`` in its own time units, with the diffusion band
+        where the system has one and a note where the two legitimately differ (``attnflow simulate --compare``).
+        ``seed`` drives any Monte-Carlo quantity of the prediction (independently of the run's).
     """
 
     key: str
@@ -87,6 +96,8 @@ class System:
     population_time: str = "step"
     minibatch_time: str = "step"
     population_figure: Callable | None = None
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    compare: Callable | None = None
 
     def __post_init__(self):
         if not self.key.isidentifier() or self.key != self.key.lower():
@@ -108,12 +119,44 @@ class System:
     def minibatch_options_from(self, values) -> dict:
         return parse_parameters(self.minibatch_options, values, owner=f"{self.key} minibatch")
 
-    def parameter_help(self) -> str:
-        """The problem's parameters and both option sets, one line each."""
-        parts = [("problem", self.problem.PARAMETERS), ("population options", self.population_options),
-                 ("summary options", self.summary_options), ("minibatch options", self.minibatch_options)]
+    def command_parameters(self, command: str) -> dict[str, tuple]:
+        """What ``attnflow solve`` or ``simulate`` accepts, by group: the problem's parameters and the options of
+        what the command runs (solve: the population dynamics and the summary; simulate: the minibatch run)."""
+        if command == "solve":
+            return {"problem": self.problem.PARAMETERS, "population options": self.population_options,
+                    "summary options": self.summary_options}
+        if command == "simulate":
+            return {"problem": self.problem.PARAMETERS, "minibatch options": self.minibatch_options}
+        raise ValueError(f"command must be solve or simulate, got {command!r}")
+
+    def describe(self, command: str) -> str:
+        """``attnflow solve/simulate SYSTEM --describe``: every parameter the command accepts, one line each, with
+        its kind, bounds or choices, default (as ``--param`` takes it) and meaning."""
+        groups = self.command_parameters(command)
         return "\n".join(f"{title}:\n" + "\n".join("  " + line for line in describe(specs))
-                         for title, specs in parts if specs)
+                         for title, specs in groups.items() if specs)
+
+    def split_parameters(self, command: str, values: Mapping) -> tuple[dict, dict]:
+        """``values`` (name → text or value) split into the problem's and each option group's; a name the command
+        does not accept is refused, listing those it does. A name of the problem and of an option group goes to
+        the problem; a name in two option groups goes to both."""
+        groups = self.command_parameters(command)
+        problem_names = {p.name for p in groups["problem"]}
+        options = {title: {p.name for p in specs} for title, specs in groups.items() if title != "problem"}
+        known = problem_names.union(*options.values())
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown {self.key} parameter(s) {unknown}; {command} takes: {', '.join(sorted(known))} "
+                             f"(--describe)")
+        problem_values = {k: v for k, v in values.items() if k in problem_names}
+        return problem_values, {title: {k: v for k, v in values.items() if k in names and k not in problem_names}
+                                for title, names in options.items()}
+
+    def label(self, key: str) -> str:
+        """The readable label of a metric key (the key itself when the system declares none)."""
+        from .plots import label_of
+
+        return label_of(self.labels, key)
 
     def claims(self) -> list[Claim]:
         """The claims registered under this system's key, in registration order."""
