@@ -63,9 +63,9 @@ from numba import config, njit, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, overload
-from scipy.integrate._ivp import dop853_coefficients as _dop853_coefficients
 
 from .errors import BudgetExceeded, DivergenceError
+from .tableaus import DOP853, DOPRI5
 
 __all__ = [
     "DivergenceError",
@@ -94,30 +94,12 @@ MAX_FACTOR = 10.0
 DEFAULT_BLOWUP = 1e12
 _EPS = float(np.finfo(np.float64).eps)
 
-# Dormand–Prince 5(4) tableau (row 7 = the 5th-order weights: first-same-as-last).
-_DP_C = (0.0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1.0, 1.0)
-# (Tuples, not arrays: numba freezes tuples into the machine code, while global arrays block caching.)
-_DP_A = (
-    (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
-    (1 / 5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
-    (3 / 40, 9 / 40, 0.0, 0.0, 0.0, 0.0, 0.0),
-    (44 / 45, -56 / 15, 32 / 9, 0.0, 0.0, 0.0, 0.0),
-    (19372 / 6561, -25360 / 2187, 64448 / 6561, -212 / 729, 0.0, 0.0, 0.0),
-    (9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656, 0.0, 0.0),
-    (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0),
-)
-# Error weights: 5th-order minus embedded 4th-order solution.
-_DP_E = (71 / 57600, 0.0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40)
-# Hairer's dense-output coefficients for DOPRI5 (the order-4 interpolant's fifth term).
-_DP_D = (
-    -12715105075 / 11282082432,
-    0.0,
-    87487479700 / 32700410799,
-    -10690763975 / 1880347072,
-    701980252875 / 199316789632,
-    -1453857185 / 822651844,
-    69997945 / 29380423,
-)
+# The Dormand–Prince 5(4) tableau (dynamics/tableaus.py) as zero-padded tuples: numba freezes tuples into the machine
+# code, while global arrays block caching. Row 6 of _DP_A holds the 5th-order weights (first same as last).
+_DP_C = DOPRI5.c
+_DP_A = tuple(row + (0.0,) * (7 - len(row)) for row in DOPRI5.a)
+_DP_E = DOPRI5.error  # 5th-order minus embedded 4th-order solution
+_DP_D = DOPRI5.dense[0]  # Hairer's dense-output coefficients (the order-4 interpolant's fifth term)
 
 
 @dataclass(frozen=True)
@@ -756,12 +738,12 @@ def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, 
 # * outputs between steps come from the 7th-order dense output, which costs three more evaluations in the steps
 #   that hold an output time.
 #
-# The coefficients are scipy's (``scipy.integrate._ivp.dop853_coefficients``, transcribed there from ``dop853.f``),
+# The coefficients are those of ``dop853.f`` (``dynamics/tableaus.py``, checked there against scipy's bit for bit),
 # read once at import into tuples, which numba freezes into the machine code. With the same tolerances this loop takes
 # the steps scipy's ``solve_ivp(method="DOP853")`` takes (the suite checks the step counts), in compiled code.
 
-_DOP853_STAGES = _dop853_coefficients.N_STAGES             # 12; stage 12 (0-based) is f(t + h, y_new)
-_DOP853_EXTENDED = _dop853_coefficients.N_STAGES_EXTENDED  # 16: three more stages for the dense output
+_DOP853_STAGES = DOP853.n_stages - 1  # 12; stage 12 (0-based) is f(t + h, y_new)
+_DOP853_EXTENDED = len(DOP853.c)      # 16: three more stages for the dense output
 _DOP853_ESTIMATE_ORDER = 7
 
 
@@ -772,12 +754,12 @@ def _dop853_row(values) -> tuple:
     return tuple(float(v) for v in padded)
 
 
-_DOP853_A = tuple(_dop853_row(row) for row in _dop853_coefficients.A)   # stage s uses _DOP853_A[s][:s]
-_DOP853_C = _dop853_row(_dop853_coefficients.C)
-_DOP853_B = _dop853_row(_dop853_coefficients.B)                          # 8th-order weights of stages 0..11
-_DOP853_E3 = _dop853_row(_dop853_coefficients.E3)                        # over stages 0..12
-_DOP853_E5 = _dop853_row(_dop853_coefficients.E5)
-_DOP853_D = tuple(_dop853_row(row) for row in _dop853_coefficients.D)   # dense-output rows over stages 0..15
+_DOP853_A = tuple(_dop853_row(row) for row in DOP853.a)    # stage s uses _DOP853_A[s][:s]
+_DOP853_C = _dop853_row(DOP853.c)
+_DOP853_B = _dop853_row(DOP853.b)                           # 8th-order weights of stages 0..11
+_DOP853_E3 = _dop853_row(DOP853.error_3)                    # over stages 0..12
+_DOP853_E5 = _dop853_row(DOP853.error)
+_DOP853_D = tuple(_dop853_row(row) for row in DOP853.dense)  # dense-output rows over stages 0..15
 _DOP853_EXPONENT = -1.0 / (_DOP853_ESTIMATE_ORDER + 1)
 _DOP853_WORK_ROWS = _DOP853_EXTENDED + 12  # K, then y, y_new, y_stage, two accumulators and the interpolant (7)
 
