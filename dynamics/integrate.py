@@ -60,10 +60,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import config, njit, types
-from numba.core import cgutils
-from numba.core.errors import TypingError
-from numba.extending import intrinsic, overload
 
+from . import numba_compat as compat
 from .errors import BudgetExceeded, DivergenceError
 from .tableaus import DOP853, DOPRI5
 
@@ -200,10 +198,7 @@ def map_loop(step_map, x0, n_steps, record_steps, params, blowup):
 _MAP_TYPE = types.FunctionType(types.float64[::1](types.int64, types.float64[::1], types.float64[::1]))
 
 
-@intrinsic
-def _map_at(typingctx, address):
-    """The compiled map ``step_map(k, x, params) -> x_next`` at ``address`` as a first-class function."""
-    return _MAP_TYPE(address), _address_codegen(_MAP_TYPE)
+_map_at = compat.function_from_address(_MAP_TYPE)  # the compiled map at an address, as a first-class function
 
 
 @njit(cache=True)
@@ -226,7 +221,7 @@ def _map_address(step_map) -> int:
         arity = len(inspect.signature(step_map.py_func).parameters)
         if arity != 3:
             raise TypeError(f"step_map takes (k, x, params), not {arity} arguments")
-        address = _MAP_ADDRESSES[step_map] = _compiled_address(step_map, _MAP_TYPE, "step_map")
+        address = _MAP_ADDRESSES[step_map] = compat.compiled_address(step_map, _MAP_TYPE, "step_map")
     return address
 
 
@@ -237,8 +232,9 @@ def _map_address(step_map) -> int:
 # once per signature and cached on disk. The signatures are the two calling conventions a right-hand side may have:
 # ``rhs(t, y, params, out)`` writing dy/dt into ``out`` (no allocation per evaluation) or ``rhs(t, y, params)``
 # returning it. ``solve_dopri5`` passes the address of the right-hand side's compiled code to ``_dopri5_into_at`` /
-# ``_dopri5_returning_at``, which make the first-class value from it (``_function_at``); a binding in compiled code
-# (``dopri5_loop``) casts the jitted right-hand side with ``_first_class`` and links the cached loop.
+# ``_dopri5_returning_at``, which make the first-class value from it (``numba_compat.function_from_address``); a
+# binding in compiled code (``dopri5_loop``) casts the jitted right-hand side with ``_first_class`` and links the cached
+# loop.
 
 _F64 = types.float64
 _VEC = types.float64[::1]
@@ -250,135 +246,17 @@ _RHS_TYPES = {
 
 def _rhs_arity(rhs) -> int:
     """3 (``rhs(t, y, params) -> dy/dt``) or 4 (``rhs(t, y, params, out)``), for a numba type or a Python function."""
-    if isinstance(rhs, types.FunctionType):
-        arity = rhs.nargs
-    else:
-        function = rhs.dispatcher.py_func if isinstance(rhs, types.Dispatcher) else getattr(rhs, "py_func", rhs)
-        arity = len(inspect.signature(function).parameters)
+    arity = compat.arity(rhs)
     if arity not in _RHS_TYPES:
         raise TypeError(f"a right-hand side takes (t, y, params) or (t, y, params, out), not {arity} arguments")
     return arity
 
 
-def _evaluate(rhs, t, y, params, out):
-    """``out <- rhs(t, y, params)`` whichever calling convention ``rhs`` has (plain-Python path; numba: the overload)."""
-    if _rhs_arity(rhs) == 4:
-        rhs(t, y, params, out)
-    else:
-        out[:] = rhs(t, y, params)
-
-
-@overload(_evaluate, inline="always")
-def _evaluate_jit(rhs, t, y, params, out):
-    if _rhs_arity(rhs) == 4:
-        def into(rhs, t, y, params, out):
-            rhs(t, y, params, out)
-        return into
-
-    def copy(rhs, t, y, params, out):
-        value = rhs(t, y, params)
-        for i in range(out.size):
-            out[i] = value[i]
-    return copy
-
-
 # ---- borrowed views --------------------------------------------------------------------------------------------
 #
-# numba counts references to an array's memory with atomic increments and decrements: when a view is taken, when an
-# array is bound to a new name and when it is passed to a compiled function that binds its arguments. The adaptive
-# loops' arithmetic on small systems is a few dozen flops per stage, and those updates (several per evaluation of
-# the right-hand side, several per stage helper) cost more than it did. The loops therefore work on *borrowed*
-# views: arrays with a null meminfo, as ``numba.carray`` makes, which numba does not count. A borrowed view is valid
-# only while the array it was taken from lives: the loops borrow their arguments and one work array of their own
-# frame, which ``_keep_alive`` holds until the loop has ended.
-
-
-def _borrowed_value(context, builder, array_type, data, shape, strides, itemsize):
-    """An array of ``array_type`` over ``data`` with a null meminfo and parent."""
-    view = context.make_array(array_type)(context, builder)
-    context.populate_array(view, data=data, shape=shape, strides=strides, itemsize=itemsize, meminfo=None)
-    return view._getvalue()
-
-
-def _c_array(typ, ndim=None) -> bool:
-    return isinstance(typ, types.Array) and typ.layout == "C" and (ndim is None or typ.ndim == ndim)
-
-
-@intrinsic
-def _borrowed_array(typingctx, array):
-    """A C-contiguous array as a borrowed view of itself (same type)."""
-    if not _c_array(array):
-        return None
-
-    def codegen(context, builder, signature, args):
-        source = context.make_array(array)(context, builder, args[0])
-        return _borrowed_value(context, builder, array, source.data, cgutils.unpack_tuple(builder, source.shape),
-                               cgutils.unpack_tuple(builder, source.strides), source.itemsize)
-
-    return array(array), codegen
-
-
-def _row_start(context, builder, signature, args):
-    """(the 2-D array ``args[0]``, its row length, the address of its row ``args[1]``)."""
-    source = context.make_array(signature.args[0])(context, builder, args[0])
-    index = context.cast(builder, args[1], signature.args[1], types.intp)
-    n = builder.extract_value(source.shape, 1)
-    return source, n, builder.gep(source.data, [builder.mul(index, n)])
-
-
-@intrinsic
-def _borrowed_rows(typingctx, matrix, start, stop):
-    """Rows ``start:stop`` (``0 <= start <= stop <= len``, not checked) of a C-contiguous 2-D array, borrowed."""
-    if not (_c_array(matrix, 2) and isinstance(start, types.Integer) and isinstance(stop, types.Integer)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        source, n, data = _row_start(context, builder, signature, args)
-        first = context.cast(builder, args[1], signature.args[1], types.intp)
-        last = context.cast(builder, args[2], signature.args[2], types.intp)
-        return _borrowed_value(context, builder, matrix, data, [builder.sub(last, first), n],
-                               cgutils.unpack_tuple(builder, source.strides), source.itemsize)
-
-    return matrix(matrix, start, stop), codegen
-
-
-@intrinsic
-def _borrowed_row(typingctx, matrix, index):
-    """Row ``index`` (not checked) of a C-contiguous 2-D array as a borrowed 1-D view."""
-    if not (_c_array(matrix, 2) and isinstance(index, types.Integer)):
-        return None
-    row_type = matrix.copy(ndim=1)
-
-    def codegen(context, builder, signature, args):
-        source, n, data = _row_start(context, builder, signature, args)
-        return _borrowed_value(context, builder, row_type, data, [n], [builder.extract_value(source.strides, 1)],
-                               source.itemsize)
-
-    return row_type(matrix, index), codegen
-
-
-@intrinsic
-def _hold(typingctx, array):
-    """A use of ``array`` that does nothing: numba releases a name after its last use, and this is the last."""
-    if not isinstance(array, types.Array):
-        return None
-    return types.none(array), lambda context, builder, signature, args: context.get_dummy_value()
-
-
-if config.DISABLE_JIT:  # the loops run as plain Python: ordinary views, and nothing to hold
-    def _borrowed(array):
-        return array
-
-    def _row(matrix, index):
-        return matrix[index]
-
-    def _rows(matrix, start, stop):
-        return matrix[start:stop]
-
-    def _keep_alive(array):
-        pass
-else:
-    _borrowed, _row, _rows, _keep_alive = _borrowed_array, _borrowed_row, _borrowed_rows, _hold
+# numba counts references to an array's memory with atomic operations (numba_compat, "Borrowed views"), and on small
+# systems those updates cost more than the adaptive loops' arithmetic. The loops therefore work on borrowed views: they
+# borrow their arguments and one work array of their own frame, which they hold until the loop has ended.
 
 
 @njit(cache=True)
@@ -401,7 +279,7 @@ def _initial_step(rhs, t0, y0, f0, f1, y1, params, rtol, atol, t_span, exponent)
     h0 = min(h0, t_span)
     for i in range(n):
         y1[i] = y0[i] + h0 * f0[i]
-    _evaluate(rhs, t0 + h0, y1, params, f1)
+    compat.evaluate_into(rhs, t0 + h0, y1, params, f1)
     d2 = 0.0
     for i in range(n):
         d2 += ((f1[i] - f0[i]) / (atol + rtol * abs(y0[i]))) ** 2
@@ -528,15 +406,15 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     t = t0
     # One work array, held to the end; the loop uses borrowed views of it (see "borrowed views" above)
     work = np.empty((_DOPRI5_WORK_ROWS, n))
-    K = _rows(work, 0, 7)
-    y = _row(work, 7)
-    y_new = _row(work, 8)
-    y_stage = _row(work, 9)
-    dense = _rows(work, 10, _DOPRI5_WORK_ROWS)
-    params = _borrowed(params)
+    K = compat.borrowed_rows(work, 0, 7)
+    y = compat.borrowed_row(work, 7)
+    y_new = compat.borrowed_row(work, 8)
+    y_stage = compat.borrowed_row(work, 9)
+    dense = compat.borrowed_rows(work, 10, _DOPRI5_WORK_ROWS)
+    params = compat.borrowed(params)
     for i in range(n):
         y[i] = y0[i]
-    _evaluate(rhs, t, y, params, _row(K, 0))
+    compat.evaluate_into(rhs, t, y, params, compat.borrowed_row(K, 0))
     n_evals = 1
     n_accepted = 0
     n_rejected = 0
@@ -545,7 +423,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
-        h = _initial_step(rhs, t0, y, _row(K, 0), _row(K, 1), y_stage, params, rtol, atol, t_end - t0, 1.0 / 5.0)
+        h = _initial_step(rhs, t0, y, compat.borrowed_row(K, 0), compat.borrowed_row(K, 1), y_stage, params, rtol, atol, t_end - t0, 1.0 / 5.0)
         n_evals += 1
     tiny = 10.0 * _EPS
     previous_rejected = False
@@ -562,7 +440,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             # stage (first same as last); one call site per helper keeps each compiled once, for a plain int s
             stage = y_new if s == 6 else y_stage
             _dopri5_stage(s, y, h, K, stage)
-            _evaluate(rhs, t + _DP_C[s] * h, stage, params, _row(K, s))
+            compat.evaluate_into(rhs, t + _DP_C[s] * h, stage, params, compat.borrowed_row(K, s))
         n_evals += 6
         err = _error_norm(y, y_new, h, K, rtol, atol)
         if not np.isfinite(err):
@@ -603,45 +481,27 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             factor = min(1.0, factor)
         h *= factor
         previous_rejected = False
-    _keep_alive(work)
+    compat.keep_alive(work)
     return ys, _OK, n_accepted, n_rejected, n_evals, t
 
 
 _dopri5_core = njit(cache=True)(_dopri5_generic)  # compiled once per first-class right-hand-side type
 
 
-@intrinsic
-def _function_at(typingctx, address, arity):
-    """The compiled function at ``address`` (numba's calling convention) as a first-class function of the calling
-    convention ``arity`` (3 or 4, a literal); see :func:`_rhs_address`."""
-    if not isinstance(arity, types.IntegerLiteral) or arity.literal_value not in _RHS_TYPES:
-        return None
-    function_type = _RHS_TYPES[arity.literal_value]
-    return function_type(address, arity), _address_codegen(function_type)
-
-
-def _address_codegen(function_type):
-    """Code building a first-class value of ``function_type`` whose entry point is the address in the first
-    argument (numba's calling convention); the C and Python entry points are left null (never called)."""
-    def codegen(context, builder, signature, args):
-        value = cgutils.create_struct_proxy(function_type)(context, builder)
-        value.c_addr = context.get_constant_null(types.voidptr)
-        value.py_addr = context.get_constant_null(types.voidptr)
-        value.jit_addr = builder.inttoptr(args[0], context.get_value_type(types.voidptr))
-        return value._getvalue()
-    return codegen
+_rhs_into_at = compat.function_from_address(_RHS_TYPES[4])
+_rhs_returning_at = compat.function_from_address(_RHS_TYPES[3])
 
 
 @njit(cache=True)
 def _dopri5_into_at(address, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """DOPRI5 with the right-hand side ``rhs(t, y, params, out)`` compiled at ``address``."""
-    return _dopri5_core(_function_at(address, 4), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    return _dopri5_core(_rhs_into_at(address), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 @njit(cache=True)
 def _dopri5_returning_at(address, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """DOPRI5 with the right-hand side ``rhs(t, y, params) -> dy/dt`` compiled at ``address``."""
-    return _dopri5_core(_function_at(address, 3), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    return _dopri5_core(_rhs_returning_at(address), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 _ADDRESSES: dict = {}
@@ -656,60 +516,13 @@ def _rhs_address(rhs) -> tuple[int, int]:
         if not hasattr(rhs, "get_compile_result"):
             raise TypeError("rhs must be a numba @njit function")
         arity = _rhs_arity(rhs)
-        found = _ADDRESSES[rhs] = (arity, _compiled_address(rhs, _RHS_TYPES[arity], f"rhs with {arity} arguments"))
+        found = _ADDRESSES[rhs] = (arity, compat.compiled_address(rhs, _RHS_TYPES[arity],
+                                                                  f"rhs with {arity} arguments"))
     return found
 
 
-def _compiled_address(function, function_type, name: str) -> int:
-    """Address of ``function`` compiled for the signature of ``function_type`` (a TypeError naming ``name`` if it
-    does not type-check or returns another type)."""
-    signature = function_type.signature
-    try:
-        compiled = function.get_compile_result(signature)
-    except TypingError as error:
-        raise TypeError(f"{name} must take {signature.args} and return {signature.return_type}; numba: "
-                        f"{str(error).splitlines()[0]}") from error
-    if compiled.signature.return_type != signature.return_type:
-        raise TypeError(f"{name} must return {signature.return_type}, not {compiled.signature.return_type}")
-    return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
-
-
-@intrinsic
-def _first_class(typingctx, rhs):
-    """A jitted right-hand side as a first-class function value holding only its compiled entry points.
-
-    numba's own cast from a jitted function to a first-class function also stores the Python object's address, a
-    per-process constant that makes the caller uncacheable; the loop never needs it (it calls the compiled code), so
-    this cast leaves it null and links the right-hand side's library into the caller instead."""
-    if not isinstance(rhs, types.Dispatcher):
-        return None
-    function_type = _RHS_TYPES[_rhs_arity(rhs)]
-
-    def codegen(context, builder, signature, args):
-        compiled = rhs.dispatcher.get_compile_result(function_type.signature)
-        void_pointer = context.get_value_type(types.voidptr)
-        value = cgutils.create_struct_proxy(function_type)(context, builder)
-        wrapper_type = context.get_value_type(function_type.ftype).pointee
-        wrapper = cgutils.get_or_insert_function(builder.module, wrapper_type, compiled.fndesc.llvm_cfunc_wrapper_name)
-        value.c_addr = builder.bitcast(wrapper, void_pointer)
-        value.jit_addr = builder.bitcast(context.declare_function(builder.module, compiled.fndesc), void_pointer)
-        value.py_addr = context.get_constant_null(types.voidptr)
-        context.active_code_library.add_linking_library(compiled.library)
-        return value._getvalue()
-
-    return function_type(rhs), codegen
-
-
-def _dopri5_call(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    """Plain-Python path of :func:`dopri5_loop` (NUMBA_DISABLE_JIT); compiled code uses the overload below."""
-    return _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
-
-
-@overload(_dopri5_call, inline="always")
-def _dopri5_call_jit(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-    def call(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
-        return _dopri5_core(_first_class(rhs), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
-    return call
+# A cast of a jitted right-hand side to its first-class type that holds no per-process address (numba_compat).
+_first_class = compat.first_class_cast(lambda rhs: _RHS_TYPES[_rhs_arity(rhs)])
 
 
 @njit(inline='always')
@@ -722,7 +535,7 @@ def dopri5_loop(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, 
     inside an ``@njit(cache=True)`` function to get an on-disk cached integrator (see the module docstring); the
     loop itself is compiled once per calling convention and shared by every right-hand side.
     """
-    return _dopri5_call(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    return _dopri5_core(_first_class(rhs), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 
@@ -828,17 +641,17 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     t = t0
     # One work array, held to the end; the loop uses borrowed views of it (see "borrowed views" above)
     work = np.empty((_DOP853_WORK_ROWS, n))
-    K = _rows(work, 0, _DOP853_EXTENDED)
-    y = _row(work, _DOP853_EXTENDED)
-    y_new = _row(work, _DOP853_EXTENDED + 1)
-    y_stage = _row(work, _DOP853_EXTENDED + 2)
-    acc = _row(work, _DOP853_EXTENDED + 3)
-    acc3 = _row(work, _DOP853_EXTENDED + 4)
-    dense = _rows(work, _DOP853_EXTENDED + 5, _DOP853_WORK_ROWS)
-    params = _borrowed(params)
+    K = compat.borrowed_rows(work, 0, _DOP853_EXTENDED)
+    y = compat.borrowed_row(work, _DOP853_EXTENDED)
+    y_new = compat.borrowed_row(work, _DOP853_EXTENDED + 1)
+    y_stage = compat.borrowed_row(work, _DOP853_EXTENDED + 2)
+    acc = compat.borrowed_row(work, _DOP853_EXTENDED + 3)
+    acc3 = compat.borrowed_row(work, _DOP853_EXTENDED + 4)
+    dense = compat.borrowed_rows(work, _DOP853_EXTENDED + 5, _DOP853_WORK_ROWS)
+    params = compat.borrowed(params)
     for i in range(n):
         y[i] = y0[i]
-    _evaluate(rhs, t, y, params, _row(K, 0))
+    compat.evaluate_into(rhs, t, y, params, compat.borrowed_row(K, 0))
     n_evals = 1
     n_accepted = 0
     n_rejected = 0
@@ -847,7 +660,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
-        h = _initial_step(rhs, t0, y, _row(K, 0), _row(K, 1), y_stage, params, rtol, atol, t_end - t0,
+        h = _initial_step(rhs, t0, y, compat.borrowed_row(K, 0), compat.borrowed_row(K, 1), y_stage, params, rtol, atol, t_end - t0,
                           1.0 / (_DOP853_ESTIMATE_ORDER + 1))
         n_evals += 1
     tiny = 10.0 * _EPS
@@ -862,9 +675,9 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             return ys, _STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
         for s in range(1, _DOP853_STAGES):
             _stage_sum(y, h, K, s, _DOP853_A[s], acc, y_stage)
-            _evaluate(rhs, t + _DOP853_C[s] * h, y_stage, params, _row(K, s))
+            compat.evaluate_into(rhs, t + _DOP853_C[s] * h, y_stage, params, compat.borrowed_row(K, s))
         _stage_sum(y, h, K, _DOP853_STAGES, _DOP853_B, acc, y_new)
-        _evaluate(rhs, t + h, y_new, params, _row(K, _DOP853_STAGES))
+        compat.evaluate_into(rhs, t + h, y_new, params, compat.borrowed_row(K, _DOP853_STAGES))
         n_evals += _DOP853_STAGES
         err = _dop853_error_norm(y, y_new, h, K, acc, acc3, rtol, atol)
         if not np.isfinite(err):
@@ -881,7 +694,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
         if j < n_out and t_eval[j] < t_new:
             for s in range(_DOP853_STAGES + 1, _DOP853_EXTENDED):  # the interpolant's three extra stages
                 _stage_sum(y, h, K, s, _DOP853_A[s], acc, y_stage)
-                _evaluate(rhs, t + _DOP853_C[s] * h, y_stage, params, _row(K, s))
+                compat.evaluate_into(rhs, t + _DOP853_C[s] * h, y_stage, params, compat.borrowed_row(K, s))
             n_evals += _DOP853_EXTENDED - _DOP853_STAGES - 1
             _dop853_dense_coefficients(y, y_new, h, K, acc, dense)
         while j < n_out and t_eval[j] <= t_new:
@@ -904,7 +717,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             factor = min(1.0, factor)
         h *= factor
         previous_rejected = False
-    _keep_alive(work)
+    compat.keep_alive(work)
     return ys, _OK, n_accepted, n_rejected, n_evals, t
 
 
@@ -914,13 +727,13 @@ _dop853_core = njit(cache=True)(_dop853_generic)  # compiled once per first-clas
 @njit(cache=True)
 def _dop853_into_at(address, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """DOP853 with the right-hand side ``rhs(t, y, params, out)`` compiled at ``address``."""
-    return _dop853_core(_function_at(address, 4), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    return _dop853_core(_rhs_into_at(address), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 @njit(cache=True)
 def _dop853_returning_at(address, y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup):
     """DOP853 with the right-hand side ``rhs(t, y, params) -> dy/dt`` compiled at ``address``."""
-    return _dop853_core(_function_at(address, 3), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
+    return _dop853_core(_rhs_returning_at(address), y0, t0, t_eval, params, rtol, atol, first_step, max_steps, blowup)
 
 
 def solve_dop853(rhs, y0, t_eval, params=None, *, t0: float | None = None, rtol: float = 1e-6, atol: float = 1e-9,
