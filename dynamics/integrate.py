@@ -44,7 +44,8 @@ Numba's cache does not notice edits to *other* files a cached function calls; af
 same loops as plain Python, for debugging and coverage.
 
 All loops stop at the first non-finite state or a state whose largest entry exceeds ``blowup``, and the
-wrappers raise :class:`DivergenceError` naming the step (and time) where it happened.
+wrappers raise :class:`DivergenceError` naming the step (and time) where it happened. A loop reports how it ended as
+a :class:`Status`, whose members carry their meaning and the error the wrappers raise for them.
 
 References
 ----------
@@ -54,6 +55,7 @@ E. Hairer, S. P. Nørsett, G. Wanner, *Solving Ordinary Differential Equations I
 """
 from __future__ import annotations
 
+import enum
 import inspect
 import math
 from dataclasses import dataclass
@@ -77,13 +79,26 @@ __all__ = [
     "solve_dop853",
 ]
 
-# Status codes returned by the compiled loops.
-_OK = 0
-_NONFINITE = 1
-_BLOWUP = 2
-_MAX_STEPS = 3
-_STEP_TOO_SMALL = 4
-_WRONG_SIZE = 5  # a map returned a state of another size than x0
+
+
+class Status(enum.IntEnum):
+    """How a compiled loop ended; each member carries what it means (``Status.BLOWUP.message``) and the exception a
+    wrapper raises for it (``.error``; None for ``SUCCESS``). The loops return the member, an integer to numba."""
+
+    SUCCESS = 0, "the loop reached its last step or output time", None
+    NONFINITE = 1, "the state is no longer finite (NaN/inf)", DivergenceError
+    BLOWUP = 2, "the state exceeds the blow-up bound", DivergenceError
+    MAX_STEPS = 3, "too stiff at these parameters for an explicit method", BudgetExceeded
+    STEP_TOO_SMALL = 4, "the step size fell below machine precision", DivergenceError
+    WRONG_SIZE = 5, "step_map returned a state of another size than x0", ValueError
+
+    def __new__(cls, code: int, message: str, error):
+        member = int.__new__(cls, code)
+        member._value_ = code
+        member.message = message
+        member.error = error
+        return member
+
 
 # Step-size controller constants (scipy.integrate uses the same values).
 SAFETY = 0.9
@@ -134,10 +149,10 @@ class Solution:
 def _state_status(y, blowup):
     for v in y:
         if not np.isfinite(v):
-            return _NONFINITE
+            return Status.NONFINITE
         if abs(v) > blowup:
-            return _BLOWUP
-    return _OK
+            return Status.BLOWUP
+    return Status.SUCCESS
 
 
 @njit(inline='always')
@@ -160,13 +175,13 @@ def rk4_loop(rhs, y0, t0, dt, n_steps, record_steps, params, blowup):
         k4 = rhs(t + dt, y + dt * k3, params)
         y = y + (dt / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
         status = _state_status(y, blowup)
-        if status != _OK:
+        if status != Status.SUCCESS:
             return ys, status, step
         while j < record_steps.size and record_steps[j] == step:
             for i in range(y.size):
                 ys[j, i] = y[i]
             j += 1
-    return ys, _OK, n_steps
+    return ys, Status.SUCCESS, n_steps
 
 
 @njit(inline='always')
@@ -184,15 +199,15 @@ def map_loop(step_map, x0, n_steps, record_steps, params, blowup):
     for k in range(n_steps):
         x = step_map(k, x, params)
         if x.size != xs.shape[1]:
-            return xs, _WRONG_SIZE, k + 1
+            return xs, Status.WRONG_SIZE, k + 1
         status = _state_status(x, blowup)
-        if status != _OK:
+        if status != Status.SUCCESS:
             return xs, status, k + 1
         while j < record_steps.size and record_steps[j] == k + 1:
             for i in range(x.size):
                 xs[j, i] = x[i]
             j += 1
-    return xs, _OK, n_steps
+    return xs, Status.SUCCESS, n_steps
 
 
 _MAP_TYPE = types.FunctionType(types.float64[::1](types.int64, types.float64[::1], types.float64[::1]))
@@ -419,7 +434,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     n_accepted = 0
     n_rejected = 0
     if j == n_out:
-        return ys, _OK, n_accepted, n_rejected, n_evals, t
+        return ys, Status.SUCCESS, n_accepted, n_rejected, n_evals, t
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
@@ -429,12 +444,12 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     previous_rejected = False
     while j < n_out:
         if n_accepted + n_rejected >= max_steps:
-            return ys, _MAX_STEPS, n_accepted, n_rejected, n_evals, t
+            return ys, Status.MAX_STEPS, n_accepted, n_rejected, n_evals, t
         clipped = h >= t_end - t
         if clipped:
             h = t_end - t
         if h <= tiny * max(abs(t), 1.0):
-            return ys, _STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
+            return ys, Status.STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
         for s in range(1, 7):
             # row 7 of the tableau is the 5th-order solution (c = 1), and its derivative is the next step's first
             # stage (first same as last); one call site per helper keeps each compiled once, for a plain int s
@@ -474,7 +489,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             K[0, i] = K[6, i]
         n_accepted += 1
         status = _state_status(y, blowup)
-        if status != _OK:
+        if status != Status.SUCCESS:
             return ys, status, n_accepted, n_rejected, n_evals, t
         factor = MAX_FACTOR if err == 0.0 else min(MAX_FACTOR, SAFETY * err ** -0.2)
         if previous_rejected:
@@ -482,7 +497,7 @@ def _dopri5_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
         h *= factor
         previous_rejected = False
     compat.keep_alive(work)
-    return ys, _OK, n_accepted, n_rejected, n_evals, t
+    return ys, Status.SUCCESS, n_accepted, n_rejected, n_evals, t
 
 
 _dopri5_core = njit(cache=True)(_dopri5_generic)  # compiled once per first-class right-hand-side type
@@ -656,7 +671,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     n_accepted = 0
     n_rejected = 0
     if j == n_out:
-        return ys, _OK, n_accepted, n_rejected, n_evals, t
+        return ys, Status.SUCCESS, n_accepted, n_rejected, n_evals, t
     if first_step > 0.0:
         h = min(first_step, t_end - t0)
     else:
@@ -667,12 +682,12 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
     previous_rejected = False
     while j < n_out:
         if n_accepted + n_rejected >= max_steps:
-            return ys, _MAX_STEPS, n_accepted, n_rejected, n_evals, t
+            return ys, Status.MAX_STEPS, n_accepted, n_rejected, n_evals, t
         clipped = h >= t_end - t
         if clipped:
             h = t_end - t
         if h <= tiny * max(abs(t), 1.0):
-            return ys, _STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
+            return ys, Status.STEP_TOO_SMALL, n_accepted, n_rejected, n_evals, t
         for s in range(1, _DOP853_STAGES):
             _stage_sum(y, h, K, s, _DOP853_A[s], acc, y_stage)
             compat.evaluate_into(rhs, t + _DOP853_C[s] * h, y_stage, params, compat.borrowed_row(K, s))
@@ -710,7 +725,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
             K[0, i] = K[_DOP853_STAGES, i]
         n_accepted += 1
         status = _state_status(y, blowup)
-        if status != _OK:
+        if status != Status.SUCCESS:
             return ys, status, n_accepted, n_rejected, n_evals, t
         factor = MAX_FACTOR if err == 0.0 else min(MAX_FACTOR, SAFETY * err ** _DOP853_EXPONENT)
         if previous_rejected:
@@ -718,7 +733,7 @@ def _dop853_generic(rhs, y0, t0, t_eval, params, rtol, atol, first_step, max_ste
         h *= factor
         previous_rejected = False
     compat.keep_alive(work)
-    return ys, _OK, n_accepted, n_rejected, n_evals, t
+    return ys, Status.SUCCESS, n_accepted, n_rejected, n_evals, t
 
 
 _dop853_core = njit(cache=True)(_dop853_generic)  # compiled once per first-class right-hand-side type
@@ -754,12 +769,12 @@ def solve_dop853(rhs, y0, t_eval, params=None, *, t0: float | None = None, rtol:
         core = _dop853_into_at if arity == 4 else _dop853_returning_at
         ys, status, n_acc, n_rej, n_ev, t_stop = core(address, *args)
     if status:
-        _raise_for_adaptive_status(status, n_acc, t_stop, "solve_dop853", max_steps)
+        _raise_for_status(status, n_acc, t_stop, "solve_dop853", max_steps)
     return Solution(t=args[2].copy(), y=ys, n_steps=n_acc, n_rejected=n_rej, n_rhs_evals=n_ev)
 
 
 # --------------------------------------------------------------------------------------------------
-# Python wrappers: validate, call the compiled loop, turn status codes into errors
+# Python wrappers: validate, call the compiled loop, turn a Status into an error
 # --------------------------------------------------------------------------------------------------
 
 
@@ -830,13 +845,18 @@ def _record_steps(record_steps, n_steps: int) -> np.ndarray:
     return steps
 
 
-def _raise_if_diverged(status: int, step: int, where: str) -> None:
-    if status == _NONFINITE:
-        raise DivergenceError(f"diverged at step {step}{where}: the state is no longer finite (NaN/inf)")
-    if status == _BLOWUP:
-        raise DivergenceError(f"diverged at step {step}{where}: the state exceeds the blow-up bound")
-    if status == _WRONG_SIZE:
-        raise ValueError(f"step_map returned a state of another size than x0 at step {step}{where}")
+def _raise_for_status(status: int, step: int, t: float | None = None, solver: str = "", max_steps=None) -> None:
+    """The error a loop's :class:`Status` stands for (none for ``SUCCESS``), at the step ``step`` and time ``t`` (none
+    for a map); ``solver`` and ``max_steps`` name the budget that ran out."""
+    status = Status(status)
+    where = "" if t is None else f" (t = {t:.6g})"
+    if status.error is DivergenceError:
+        raise DivergenceError(f"diverged at step {step}{where}: {status.message}")
+    if status is Status.WRONG_SIZE:
+        raise ValueError(f"{status.message} at step {step}{where}")
+    if status is Status.MAX_STEPS:
+        raise BudgetExceeded(f"{solver} used its budget of max_steps={max_steps} steps at t = {t:.6g} "
+                             f"({status.message})")
 
 
 def solve_rk4(
@@ -889,7 +909,7 @@ def solve_rk4(
         ys, status, step = rk4_loop(rhs, y0, t0, dt, n_steps, steps, params, blowup)
     else:
         ys, status, step = loop(y0, t0, dt, n_steps, steps, params, blowup)
-    _raise_if_diverged(status, step, f" (t = {t0 + step * dt:.6g})")
+    _raise_for_status(status, step, t0 + step * dt)
     return Solution(t=t0 + steps * dt, y=ys, n_steps=n_steps, n_rejected=0, n_rhs_evals=4 * n_steps)
 
 
@@ -959,7 +979,7 @@ def solve_dopri5(
         core = _dopri5_into_at if arity == 4 else _dopri5_returning_at
         ys, status, n_acc, n_rej, n_ev, t_stop = core(address, *args)
     if status:
-        _raise_for_adaptive_status(status, n_acc, t_stop, "solve_dopri5", max_steps)
+        _raise_for_status(status, n_acc, t_stop, "solve_dopri5", max_steps)
     return Solution(t=args[2].copy(), y=ys, n_steps=n_acc, n_rejected=n_rej, n_rhs_evals=n_ev)
 
 
@@ -1033,18 +1053,6 @@ def _float_vector(values, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be an array of real numbers, got {values!r}") from None
 
 
-def _raise_for_adaptive_status(status: int, n_accepted: int, t_stop: float, solver: str, max_steps: int) -> None:
-    """The error an adaptive loop's status code stands for (none for ``_OK``)."""
-    _raise_if_diverged(status, n_accepted, f" (t = {t_stop:.6g})")
-    if status == _MAX_STEPS:
-        raise BudgetExceeded(f"{solver} used its budget of max_steps={max_steps} steps at t = {t_stop:.6g} "
-                             "(too stiff at these parameters for an explicit method)")
-    if status == _STEP_TOO_SMALL:
-        raise DivergenceError(
-            f"diverged at step {n_accepted} (t = {t_stop:.6g}): the step size fell below machine precision"
-        )
-
-
 def iterate_map(
     step_map, x0, n_steps: int, params=None, record_steps=None, blowup: float = DEFAULT_BLOWUP, *, loop=None
 ):
@@ -1087,5 +1095,5 @@ def iterate_map(
         xs, status, step = map_loop(step_map, x0, n_steps, steps, params, blowup)
     else:
         xs, status, step = _map_loop_at(_map_address(step_map), x0, n_steps, steps, params, blowup)
-    _raise_if_diverged(status, step, "")
+    _raise_for_status(status, step)
     return Solution(t=steps.astype(np.float64), y=xs, n_steps=n_steps, n_rejected=0, n_rhs_evals=n_steps)

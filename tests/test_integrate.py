@@ -183,6 +183,29 @@ def test_divergence_names_the_step():
         solve_dopri5(nan_rhs, [1.0], [0.0, 1.0])
 
 
+@pytest.mark.parametrize("status, run", [
+    ("NONFINITE", lambda: solve_rk4(nan_rhs, [1.0], (0.0, 1.0), 0.1)),
+    ("BLOWUP", lambda: solve_dop853(blowup_rhs, [1.0], [0.0, 2.0])),
+    ("MAX_STEPS", lambda: solve_dopri5(oscillator_rhs, [1.0, 0.5], [0.0, 100.0], [2.0], rtol=1e-10, max_steps=5)),
+    ("STEP_TOO_SMALL", lambda: solve_dopri5(nan_rhs, [1.0], [0.0, 1.0])),
+    ("WRONG_SIZE", lambda: iterate_map(growing_map, [1.0, 2.0], 3)),
+])
+def test_every_way_a_loop_ends_raises_its_status_error_with_its_message(status, run):
+    status = integrate.Status[status]
+    with pytest.raises(status.error) as raised:
+        run()
+    assert status.message in str(raised.value)
+
+
+def test_the_loops_return_statuses_that_carry_their_meaning():
+    y0, params = np.array([1.0, 0.5]), np.array([2.0])
+    _, status, *_ = _bound_oscillator(y0, 0.0, np.linspace(0.0, 1.0, 3), params, 1e-8, 1e-10, 0.0, 10**6, 1e12)
+    assert status is integrate.Status.SUCCESS and status == 0 and status.error is None
+    _, status, *_ = _bound_oscillator(y0, 0.0, np.array([0.0, 100.0]), params, 1e-10, 1e-10, 0.0, 5, 1e12)
+    assert status is integrate.Status.MAX_STEPS and issubclass(status.error, RuntimeError)
+    assert len({s.message for s in integrate.Status}) == len(integrate.Status)
+
+
 def test_max_steps_budget():
     rhs, _, y0, params, _ = PROBLEMS["oscillator"]
     with pytest.raises(RuntimeError, match="max_steps=5"):
