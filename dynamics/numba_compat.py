@@ -30,6 +30,11 @@ after the last use of its views, since numba releases a name after its last use.
 **One call for two calling conventions** (:func:`evaluate_into`). A right-hand side either writes dy/dt into its
 last argument or returns it; which one is a property of its type, decided at compile time. numba 0.59 removed
 ``generated_jit``, so the choice is an ``@overload``.
+
+**Choosing a function by a constant** (:func:`choose`). In ``if method == 0: f(...) else: g(...)`` numba types and
+compiles both calls even when ``method`` is a constant of the caller (its branch pruning decides only comparisons
+with ``None``; numba 0.59 to 0.68), so a loop specialised to one method would still compile every method's kernels.
+:func:`choose` picks the function while typing, from the literal index, and compiles that one alone.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ __all__ = [
     "first_class_cast",
     "arity",
     "evaluate_into",
+    "choose",
     "borrowed",
     "borrowed_row",
     "borrowed_rows",
@@ -180,6 +186,33 @@ def _evaluate_into_jit(rhs, t, y, params, out):
         for i in range(out.size):  # an element loop: a slice assignment compiles numba's shape-error formatting
             out[i] = value[i]
     return copy
+
+
+# ---- choosing a function by a constant -------------------------------------------------------------------------------
+
+
+def choose(functions, name: str):
+    """A function ``f(index, *args) = functions[index](*args)``. In compiled code ``index`` must be a constant at the
+    call site (numba types it as a literal): the call compiles to a call of the chosen function, and only that one is
+    compiled. ``name`` names it in numba's messages."""
+    functions = tuple(functions)
+
+    def chosen(index, *args):
+        return functions[index](*args)
+
+    chosen.__name__ = chosen.__qualname__ = name
+
+    @overload(chosen)
+    def _chosen_jit(index, *args):
+        if not isinstance(index, types.IntegerLiteral):
+            raise TypingError(f"{name}: the index must be a constant of the caller, not {index}")
+        function = functions[index.literal_value]
+
+        def call(index, *args):
+            return function(*args)
+        return call
+
+    return chosen
 
 
 # ---- borrowed views ------------------------------------------------------------------------------------------------

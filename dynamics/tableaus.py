@@ -1,8 +1,9 @@
 """The embedded Runge–Kutta pairs the adaptive integrator runs, as data.
 
 An :class:`EmbeddedPair` holds everything that tells one method from another: the stage coefficients, the error
-weights, the controller's order and the dense-output rows; ``dynamics/integrate.py`` reads its DOPRI5 and DOP853
-loops' coefficients from here.
+weights, the controller's order and the dense-output rows. ``dynamics/integrate.py`` has one adaptive loop, fed by
+these tables as scipy's ``RungeKutta`` class is by its subclasses' ``A``, ``B``, ``C``, ``E`` and ``P``
+(``dynamics/rk_kernels.py`` writes the arithmetic on them out as code).
 
 References
 ----------
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EmbeddedPair", "DOPRI5", "DOP853"]
+__all__ = ["EmbeddedPair", "DOPRI5", "DOP853", "METHODS"]
 
 
 @dataclass(frozen=True)
@@ -244,3 +245,7 @@ def _dop853() -> EmbeddedPair:
 
 
 DOP853 = _dop853()
+
+# The methods the adaptive loop runs; a method's position here is its index in the compiled code
+# (dynamics/rk_kernels_generated.py).
+METHODS = (DOPRI5, DOP853)

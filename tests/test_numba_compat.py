@@ -117,6 +117,33 @@ def test_evaluate_into_calls_either_convention():
     assert compat.arity(lambda t, y, p: y) == 3
 
 
+def test_choose_compiles_only_the_chosen_function():
+    @njit
+    def double(x):
+        return 2.0 * x
+
+    @njit
+    def triple(x):
+        return 3.0 * x
+
+    scale = compat.choose((double, triple), "scale")
+
+    @njit
+    def by_constant(x):
+        return scale(1, x)
+
+    assert by_constant(2.0) == 6.0
+    assert triple.signatures and not double.signatures  # the other branch was never compiled
+    assert scale(0, 2.0) == 4.0  # the plain-Python path
+
+    @njit
+    def by_variable(index, x):
+        return scale(index, x)
+
+    with pytest.raises(TypingError, match="the index must be a constant"):
+        by_variable(0, 2.0)
+
+
 @njit
 def _row_sums(matrix):
     """Sums of the rows of ``matrix`` through borrowed views of it, and a write through one of them."""

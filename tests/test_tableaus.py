@@ -1,10 +1,11 @@
 """The embedded Runge–Kutta pairs as data (dynamics/tableaus.py): the vendored coefficients are scipy's floats bit
-for bit, and they satisfy the pairs' order conditions."""
+for bit, they satisfy the pairs' order conditions, and the kernels written out from them are current."""
 import numpy as np
 import pytest
 from scipy.integrate import RK45
 
-from attnflow.dynamics.tableaus import DOP853, DOPRI5
+from attnflow.dynamics import rk_kernels
+from attnflow.dynamics.tableaus import DOP853, DOPRI5, METHODS
 
 
 def _square(rows, size):
@@ -43,7 +44,7 @@ def test_dopri5_is_scipys_rk45_bit_for_bit():
     _same_bits(np.negative(DOPRI5.error) + 0.0, RK45.E)  # + 0.0: the zero weight as +0.0
 
 
-@pytest.mark.parametrize("pair", [DOPRI5, DOP853], ids=lambda pair: pair.name)
+@pytest.mark.parametrize("pair", METHODS, ids=lambda pair: pair.name)
 def test_order_conditions(pair):
     """Row sums equal the nodes (Σ_r a_sr = c_s); the weights of the solution sum to 1 and those of every error
     estimate (a difference of two solutions) to 0; the quadrature conditions Σ b_s c_s^(k−1) = 1/k hold up to the
@@ -59,3 +60,8 @@ def test_order_conditions(pair):
             assert abs(np.sum(weights)) < 1e-14
     assert pair.b == pair.a[pair.n_stages - 1] and pair.c[pair.n_stages - 1] == 1.0  # first same as last
 
+
+def test_the_written_out_kernels_are_current():
+    """dynamics/rk_kernels_generated.py is what ``python -m attnflow.dynamics.rk_kernels`` writes from the tables."""
+    assert rk_kernels.GENERATED.read_text() == rk_kernels.source(), \
+        "regenerate with: python -m attnflow.dynamics.rk_kernels"
