@@ -31,10 +31,12 @@ after the last use of its views, since numba releases a name after its last use.
 last argument or returns it; which one is a property of its type, decided at compile time. numba 0.59 removed
 ``generated_jit``, so the choice is an ``@overload``.
 
-**Choosing a function by a constant** (:func:`choose`). In ``if method == 0: f(...) else: g(...)`` numba types and
-compiles both calls even when ``method`` is a constant of the caller (its branch pruning decides only comparisons
-with ``None``; numba 0.59 to 0.68), so a loop specialised to one method would still compile every method's kernels.
-:func:`choose` picks the function while typing, from the literal index, and compiles that one alone.
+**Choosing a function by a constant** (:func:`literal_choice`). In ``if method == 0: f(...) else: g(...)`` numba
+types and compiles both calls even when ``method`` is a constant of the caller (its branch pruning decides only
+comparisons with ``None``; numba 0.59 to 0.68), so a loop specialised to one method would still compile every
+method's kernels; a tuple of jitted functions indexed by the constant compiles one, but as an experimental feature
+that warns. An ``@overload`` whose implementation is the function chosen from the literal index
+(:func:`literal_choice`) compiles that one alone, with nothing in between.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ __all__ = [
     "first_class_cast",
     "arity",
     "evaluate_into",
-    "choose",
+    "literal_choice",
     "borrowed",
     "borrowed_row",
     "borrowed_rows",
@@ -191,28 +193,13 @@ def _evaluate_into_jit(rhs, t, y, params, out):
 # ---- choosing a function by a constant -------------------------------------------------------------------------------
 
 
-def choose(functions, name: str):
-    """A function ``f(index, *args) = functions[index](*args)``. In compiled code ``index`` must be a constant at the
-    call site (numba types it as a literal): the call compiles to a call of the chosen function, and only that one is
-    compiled. ``name`` names it in numba's messages."""
-    functions = tuple(functions)
-
-    def chosen(index, *args):
-        return functions[index](*args)
-
-    chosen.__name__ = chosen.__qualname__ = name
-
-    @overload(chosen)
-    def _chosen_jit(index, *args):
-        if not isinstance(index, types.IntegerLiteral):
-            raise TypingError(f"{name}: the index must be a constant of the caller, not {index}")
-        function = functions[index.literal_value]
-
-        def call(index, *args):
-            return function(*args)
-        return call
-
-    return chosen
+def literal_choice(index, functions, name: str):
+    """``functions[index]`` for the numba type ``index`` of a constant (an integer literal), while typing an
+    ``@overload``: returned as the overload's implementation, the chosen function is compiled, and only that one. A
+    TypingError naming ``name`` for any other index."""
+    if not isinstance(index, types.IntegerLiteral):
+        raise TypingError(f"{name}: the index must be a constant of the caller, not {index}")
+    return functions[index.literal_value]
 
 
 # ---- borrowed views ------------------------------------------------------------------------------------------------

@@ -116,24 +116,28 @@ The methods, by their index in ``tableaus.METHODS``: {names}. ``K`` holds one st
 Each sum adds a tableau row's terms in order, the first and then the nonzero ones (``dynamics/rk_kernels.py``).
 """
 import numpy as np
-from numba import njit
+from numba.extending import overload
 
-from .numba_compat import choose
+from .numba_compat import literal_choice
 '''
 
 _FUNCTIONS = (
     ("stage_sum", "s, y, h, K, out",
-     "out = y + h Σ_{{r<s}} a_{{sr}} K[r]: the argument of stage ``s`` (for the step's last stage, the new state).",
+     "out = y + h Σ_{{r<s}} a_{{sr}} K[r]: the argument of stage ``s`` (for the step's last stage, the new\n"
+     "    state).",
      _stage_sum),
     ("error_norm", "y, y_new, h, K, rtol, atol",
-     "The step's error estimate in units of ``atol + rtol max(|y|, |y_new|)`` (< 1: the step is accepted).",
+     "The step's error estimate in units of ``atol + rtol max(|y|, |y_new|)`` (< 1: the step is accepted).\n"
+     "   ",
      _error_norm),
     ("dense_coefficients", "y, y_new, h, K, dense",
-     "The interpolant's coefficient vectors F₀, F₁, … on the step [t, t + h], as the rows of ``dense``: three Hermite\n"
-     "    terms from Δ = y_new − y, K[0] and the last stage, then h Σ_s d_s K[s] for each of the method's rows d.",
+     "The interpolant's coefficient vectors F₀, F₁, … on the step [t, t + h], as the rows of ``dense``: three\n"
+     "    Hermite terms from Δ = y_new − y, K[0] and the last stage, then h Σ_s d_s K[s] for each of the method's\n"
+     "    rows d.",
      _dense_coefficients),
     ("interpolate", "y, dense, theta, ys, j",
-     "The interpolant y + θ(F₀ + (1 − θ)(F₁ + θ(F₂ + (1 − θ)(F₃ + …)))) at θ ∈ (0, 1) into row ``j`` of ``ys``.",
+     "The interpolant y + θ(F₀ + (1 − θ)(F₁ + θ(F₂ + (1 − θ)(F₃ + …)))) at θ ∈ (0, 1) into row ``j`` of\n"
+     "    ``ys``.",
      _interpolate),
 )
 
@@ -145,22 +149,32 @@ def _dedent(lines: list[str]) -> list[str]:
 
 def source(methods=METHODS) -> str:
     """The text of ``rk_kernels_generated.py`` for ``methods``: each kernel once per method, and a function choosing
-    among them by the method's index (``numba_compat.choose``: the loop passes the index as a constant, so each
-    method's loop compiles its own kernels alone)."""
+    among them by the method's index. In compiled code that index is a constant of the caller, and the function is an
+    ``@overload`` whose implementation is the chosen kernel itself (``numba_compat.literal_choice``): a loop
+    specialised to one method compiles that method's kernels alone, with no function in between."""
     names = [pair.name.lower() for pair in methods]
     parts = [_HEADER.format(names=", ".join(f"{m} {pair.name}" for m, pair in enumerate(methods)))]
     for name, arguments, doc, body in _FUNCTIONS:
         for method_name, pair in zip(names, methods):
-            lines = ["", "", "@njit(cache=True)", f"def _{name}_{method_name}({arguments}):",
-                     f'    """{pair.name}. {doc.format()}"""']
+            lines = ["", "", f"def _{name}_{method_name}(method, {arguments}):",
+                     f'    """:func:`{name}` for {pair.name}."""']
             if name == "interpolate":
                 lines.append("    theta1 = 1.0 - theta")
             parts.append("\n".join(lines + _dedent(body(pair))) + "\n")
-    parts.append("\n\n# By the method's index in tableaus.METHODS, a constant in the caller.\n")
-    for name, *_ in _FUNCTIONS:
-        kernels = ", ".join(f"_{name}_{method_name}" for method_name in names)
-        parts.append(f'{name} = choose(({kernels}), "{name}")\n')
-    return "".join(parts)
+        table = f"_{name.upper()}"
+        kernels = ", ".join(f"_{name}_{method_name}" for method_name in names) + ("," if len(names) == 1 else "")
+        result = "return " if name == "error_norm" else ""
+        # the interpolant runs once per output time: inlined into the loop, where a call would cost more than its sum
+        decorator = f'@overload({name}, inline="always")' if name == "interpolate" else f"@overload({name})"
+        parts.append("\n".join([
+            "", "", f"{table} = ({kernels})", "", "",
+            f"def {name}(method, {arguments}):",
+            f'    """{doc.format()} ``method``: the index of the method, a constant in compiled code."""',
+            f"    {result}{table}[method](method, {arguments})", "", "",
+            decorator,
+            f"def _{name}_jit(method, {arguments}):",
+            f'    return literal_choice(method, {table}, "{name}")', ""]) + "\n")
+    return "".join(parts).rstrip("\n") + "\n"
 
 
 if __name__ == "__main__":

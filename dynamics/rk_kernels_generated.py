@@ -5,14 +5,13 @@ The methods, by their index in ``tableaus.METHODS``: 0 DOPRI5, 1 DOP853. ``K`` h
 Each sum adds a tableau row's terms in order, the first and then the nonzero ones (``dynamics/rk_kernels.py``).
 """
 import numpy as np
-from numba import njit
+from numba.extending import overload
 
-from .numba_compat import choose
+from .numba_compat import literal_choice
 
 
-@njit(cache=True)
-def _stage_sum_dopri5(s, y, h, K, out):
-    """DOPRI5. out = y + h Σ_{r<s} a_{sr} K[r]: the argument of stage ``s`` (for the step's last stage, the new state)."""
+def _stage_sum_dopri5(method, s, y, h, K, out):
+    """:func:`stage_sum` for DOPRI5."""
     if s == 1:
         for i in range(y.size):
             out[i] = y[i] + h * (0.2 * K[0, i])
@@ -37,9 +36,8 @@ def _stage_sum_dopri5(s, y, h, K, out):
                     + 0.6510416666666666 * K[3, i] - 0.322376179245283 * K[4, i] + 0.13095238095238096 * K[5, i])
 
 
-@njit(cache=True)
-def _stage_sum_dop853(s, y, h, K, out):
-    """DOP853. out = y + h Σ_{r<s} a_{sr} K[r]: the argument of stage ``s`` (for the step's last stage, the new state)."""
+def _stage_sum_dop853(method, s, y, h, K, out):
+    """:func:`stage_sum` for DOP853."""
     if s == 1:
         for i in range(y.size):
             out[i] = y[i] + h * (0.05260015195876773 * K[0, i])
@@ -112,9 +110,23 @@ def _stage_sum_dop853(s, y, h, K, out):
                     - 9.15095847217987 * K[14, i])
 
 
-@njit(cache=True)
-def _error_norm_dopri5(y, y_new, h, K, rtol, atol):
-    """DOPRI5. The step's error estimate in units of ``atol + rtol max(|y|, |y_new|)`` (< 1: the step is accepted)."""
+_STAGE_SUM = (_stage_sum_dopri5, _stage_sum_dop853)
+
+
+def stage_sum(method, s, y, h, K, out):
+    """out = y + h Σ_{r<s} a_{sr} K[r]: the argument of stage ``s`` (for the step's last stage, the new
+    state). ``method``: the index of the method, a constant in compiled code."""
+    _STAGE_SUM[method](method, s, y, h, K, out)
+
+
+@overload(stage_sum)
+def _stage_sum_jit(method, s, y, h, K, out):
+    return literal_choice(method, _STAGE_SUM, "stage_sum")
+
+
+
+def _error_norm_dopri5(method, y, y_new, h, K, rtol, atol):
+    """:func:`error_norm` for DOPRI5."""
     total = 0.0
     for i in range(y.size):
         scale = atol + rtol * max(abs(y[i]), abs(y_new[i]))
@@ -124,9 +136,8 @@ def _error_norm_dopri5(y, y_new, h, K, rtol, atol):
     return np.sqrt(total / y.size)
 
 
-@njit(cache=True)
-def _error_norm_dop853(y, y_new, h, K, rtol, atol):
-    """DOP853. The step's error estimate in units of ``atol + rtol max(|y|, |y_new|)`` (< 1: the step is accepted)."""
+def _error_norm_dop853(method, y, y_new, h, K, rtol, atol):
+    """:func:`error_norm` for DOP853."""
     err5 = 0.0
     err3 = 0.0
     for i in range(y.size):
@@ -142,10 +153,23 @@ def _error_norm_dop853(y, y_new, h, K, rtol, atol):
     return abs(h) * err5 / np.sqrt((err5 + 0.01 * err3) * y.size)
 
 
-@njit(cache=True)
-def _dense_coefficients_dopri5(y, y_new, h, K, dense):
-    """DOPRI5. The interpolant's coefficient vectors F₀, F₁, … on the step [t, t + h], as the rows of ``dense``: three Hermite
-    terms from Δ = y_new − y, K[0] and the last stage, then h Σ_s d_s K[s] for each of the method's rows d."""
+_ERROR_NORM = (_error_norm_dopri5, _error_norm_dop853)
+
+
+def error_norm(method, y, y_new, h, K, rtol, atol):
+    """The step's error estimate in units of ``atol + rtol max(|y|, |y_new|)`` (< 1: the step is accepted).
+    ``method``: the index of the method, a constant in compiled code."""
+    return _ERROR_NORM[method](method, y, y_new, h, K, rtol, atol)
+
+
+@overload(error_norm)
+def _error_norm_jit(method, y, y_new, h, K, rtol, atol):
+    return literal_choice(method, _ERROR_NORM, "error_norm")
+
+
+
+def _dense_coefficients_dopri5(method, y, y_new, h, K, dense):
+    """:func:`dense_coefficients` for DOPRI5."""
     for i in range(y.size):
         delta = y_new[i] - y[i]
         slope_term = h * K[0, i] - delta
@@ -156,10 +180,8 @@ def _dense_coefficients_dopri5(y, y_new, h, K, dense):
                 + 3.5219323679207912 * K[4, i] - 1.7672812570757455 * K[5, i] + 2.382468931778144 * K[6, i])
 
 
-@njit(cache=True)
-def _dense_coefficients_dop853(y, y_new, h, K, dense):
-    """DOP853. The interpolant's coefficient vectors F₀, F₁, … on the step [t, t + h], as the rows of ``dense``: three Hermite
-    terms from Δ = y_new − y, K[0] and the last stage, then h Σ_s d_s K[s] for each of the method's rows d."""
+def _dense_coefficients_dop853(method, y, y_new, h, K, dense):
+    """:func:`dense_coefficients` for DOP853."""
     for i in range(y.size):
         delta = y_new[i] - y[i]
         slope_term = h * K[0, i] - delta
@@ -186,26 +208,47 @@ def _dense_coefficients_dop853(y, y_new, h, K, dense):
                 + 96.32455395918828 * K[13, i] - 39.17726167561544 * K[14, i] - 149.72683625798564 * K[15, i])
 
 
-@njit(cache=True)
-def _interpolate_dopri5(y, dense, theta, ys, j):
-    """DOPRI5. The interpolant y + θ(F₀ + (1 − θ)(F₁ + θ(F₂ + (1 − θ)(F₃ + …)))) at θ ∈ (0, 1) into row ``j`` of ``ys``."""
+_DENSE_COEFFICIENTS = (_dense_coefficients_dopri5, _dense_coefficients_dop853)
+
+
+def dense_coefficients(method, y, y_new, h, K, dense):
+    """The interpolant's coefficient vectors F₀, F₁, … on the step [t, t + h], as the rows of ``dense``: three
+    Hermite terms from Δ = y_new − y, K[0] and the last stage, then h Σ_s d_s K[s] for each of the method's
+    rows d. ``method``: the index of the method, a constant in compiled code."""
+    _DENSE_COEFFICIENTS[method](method, y, y_new, h, K, dense)
+
+
+@overload(dense_coefficients)
+def _dense_coefficients_jit(method, y, y_new, h, K, dense):
+    return literal_choice(method, _DENSE_COEFFICIENTS, "dense_coefficients")
+
+
+
+def _interpolate_dopri5(method, y, dense, theta, ys, j):
+    """:func:`interpolate` for DOPRI5."""
     theta1 = 1.0 - theta
     for i in range(y.size):
         ys[j, i] = y[i] + theta * (dense[0, i] + theta1 * (dense[1, i] + theta * (dense[2, i]
                 + theta1 * dense[3, i])))
 
 
-@njit(cache=True)
-def _interpolate_dop853(y, dense, theta, ys, j):
-    """DOP853. The interpolant y + θ(F₀ + (1 − θ)(F₁ + θ(F₂ + (1 − θ)(F₃ + …)))) at θ ∈ (0, 1) into row ``j`` of ``ys``."""
+def _interpolate_dop853(method, y, dense, theta, ys, j):
+    """:func:`interpolate` for DOP853."""
     theta1 = 1.0 - theta
     for i in range(y.size):
         ys[j, i] = y[i] + theta * (dense[0, i] + theta1 * (dense[1, i] + theta * (dense[2, i]
                 + theta1 * (dense[3, i] + theta * (dense[4, i] + theta1 * (dense[5, i] + theta * dense[6, i]))))))
 
 
-# By the method's index in tableaus.METHODS, a constant in the caller.
-stage_sum = choose((_stage_sum_dopri5, _stage_sum_dop853), "stage_sum")
-error_norm = choose((_error_norm_dopri5, _error_norm_dop853), "error_norm")
-dense_coefficients = choose((_dense_coefficients_dopri5, _dense_coefficients_dop853), "dense_coefficients")
-interpolate = choose((_interpolate_dopri5, _interpolate_dop853), "interpolate")
+_INTERPOLATE = (_interpolate_dopri5, _interpolate_dop853)
+
+
+def interpolate(method, y, dense, theta, ys, j):
+    """The interpolant y + θ(F₀ + (1 − θ)(F₁ + θ(F₂ + (1 − θ)(F₃ + …)))) at θ ∈ (0, 1) into row ``j`` of
+    ``ys``. ``method``: the index of the method, a constant in compiled code."""
+    _INTERPOLATE[method](method, y, dense, theta, ys, j)
+
+
+@overload(interpolate, inline="always")
+def _interpolate_jit(method, y, dense, theta, ys, j):
+    return literal_choice(method, _INTERPOLATE, "interpolate")

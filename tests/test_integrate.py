@@ -2,7 +2,7 @@
 order of accuracy, cost budgets, divergence and bad input."""
 import numpy as np
 import pytest
-from numba import njit
+from numba import literally, njit
 from scipy.integrate import solve_ivp
 
 from attnflow.dynamics import integrate
@@ -496,12 +496,44 @@ def _term_by_term(weights, count, K):
     return total
 
 
+@njit
+def _compiled_stage_sum(method, s, y, h, K, out):
+    literally(method)  # the loop passes the method as a constant: compile for it as a literal too
+    integrate._stage_sum(method, s, y, h, K, out)
+
+
+@njit
+def _compiled_error_norm(method, y, y_new, h, K, rtol, atol):
+    literally(method)
+    return integrate._error_norm(method, y, y_new, h, K, rtol, atol)
+
+
+@njit
+def _compiled_dense_coefficients(method, y, y_new, h, K, dense):
+    literally(method)
+    integrate._dense_coefficients(method, y, y_new, h, K, dense)
+
+
+@njit
+def _compiled_interpolate(method, y, dense, theta, ys, j):
+    literally(method)
+    integrate._interpolate(method, y, dense, theta, ys, j)
+
+
+KERNELS = {
+    "compiled": (_compiled_stage_sum, _compiled_error_norm, _compiled_dense_coefficients, _compiled_interpolate),
+    "python": (integrate._stage_sum, integrate._error_norm, integrate._dense_coefficients, integrate._interpolate),
+}
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("method", [0, 1], ids=["DOPRI5", "DOP853"])
 @pytest.mark.parametrize("n", [3, 50])
-def test_the_written_out_sums_are_the_term_by_term_passes_to_the_bit(method, n):
+def test_the_written_out_sums_are_the_term_by_term_passes_to_the_bit(method, n, kernels):
     """The kernels sum a tableau row one component at a time with its terms written out (dynamics/rk_kernels.py);
     the arithmetic is that of one pass over the vector per term, so the bits are the same: stages, error norm,
     interpolant coefficients and interpolant."""
+    stage_sum, error_norm, dense_coefficients, interpolate = KERNELS[kernels]
     pair = integrate.METHODS[method]
     stages, last = len(pair.c), pair.n_stages - 1
     rng = np.random.default_rng(n)
@@ -509,7 +541,7 @@ def test_the_written_out_sums_are_the_term_by_term_passes_to_the_bit(method, n):
     h, rtol, atol = 0.37, 1e-6, 1e-9
     for s in range(1, stages):
         out = np.empty(n)
-        integrate._stage_sum(method, s, y, h, K, out)
+        stage_sum(method, s, y, h, K, out)
         np.testing.assert_array_equal(out, y + h * _term_by_term(pair.a[s], s, K))
 
     scale = atol + rtol * np.maximum(np.abs(y), np.abs(y_new))
@@ -526,10 +558,10 @@ def test_the_written_out_sums_are_the_term_by_term_passes_to_the_bit(method, n):
         for i in range(n):
             total += scaled[i] * scaled[i]
         expected = np.sqrt(total / n)
-    assert integrate._error_norm(method, y, y_new, h, K, rtol, atol) == expected
+    assert error_norm(method, y, y_new, h, K, rtol, atol) == expected
 
     dense = np.empty((3 + len(pair.dense), n))
-    integrate._dense_coefficients(method, y, y_new, h, K, dense)
+    dense_coefficients(method, y, y_new, h, K, dense)
     delta = y_new - y
     slope_term = h * K[0] - delta
     third = 2.0 * delta - h * (K[last] + K[0]) if pair.hermite_as_scipy else delta - h * K[last] - slope_term
@@ -538,7 +570,7 @@ def test_the_written_out_sums_are_the_term_by_term_passes_to_the_bit(method, n):
 
     theta = 0.3
     ys = np.empty((1, n))
-    integrate._interpolate(method, y, dense, theta, ys, 0)
+    interpolate(method, y, dense, theta, ys, 0)
     nested = rows[-1]
     for k in range(len(rows) - 2, -1, -1):  # y + θ(F₀ + (1 − θ)(F₁ + θ(F₂ + (1 − θ)(F₃ + …)))), from the inside
         nested = rows[k] + ((1.0 - theta) if k % 2 == 0 else theta) * nested

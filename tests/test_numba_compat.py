@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from numba import njit, types
 from numba.core.errors import TypingError
+from numba.extending import overload
 
 from attnflow.dynamics import numba_compat as compat
 
@@ -117,28 +118,43 @@ def test_evaluate_into_calls_either_convention():
     assert compat.arity(lambda t, y, p: y) == 3
 
 
-def test_choose_compiles_only_the_chosen_function():
-    @njit
-    def double(x):
-        return 2.0 * x
+@njit
+def _double(x):
+    return 2.0 * x
 
-    @njit
-    def triple(x):
-        return 3.0 * x
 
-    scale = compat.choose((double, triple), "scale")
+@njit
+def _triple(x):
+    return 3.0 * x
 
+
+_SCALES = (_double, _triple)
+
+
+def _scale(index, x):
+    return _SCALES[index](x)
+
+
+@overload(_scale, inline="always")
+def _scale_jit(index, x):
+    kernel = compat.literal_choice(index, _SCALES, "scale")
+
+    def call(index, x):
+        return kernel(x)
+    return call
+
+
+def test_a_constant_index_compiles_only_the_chosen_function():
     @njit
     def by_constant(x):
-        return scale(1, x)
+        return _scale(1, x)
 
     assert by_constant(2.0) == 6.0
-    assert triple.signatures and not double.signatures  # the other branch was never compiled
-    assert scale(0, 2.0) == 4.0  # the plain-Python path
+    assert _triple.signatures and not _double.signatures  # the other function was never compiled
 
     @njit
     def by_variable(index, x):
-        return scale(index, x)
+        return _scale(index, x)
 
     with pytest.raises(TypingError, match="the index must be a constant"):
         by_variable(0, 2.0)
