@@ -36,13 +36,16 @@ TABLE_MODULES = ("domains", "domain_table")  # the tables themselves
 # The deep tier's JAX functions are traced inside jit, where a value cannot be checked; their boundary is the claim
 # settings (validation/deep.py) and GPTConfig, tested in tests/test_deep.py.
 OPTIONAL_MODULES = ("deep",)
+# Compile-time code of the integrators: numba overloads and intrinsics that exist only inside a compiled function
+# (tests/test_numba_compat.py, tests/test_tableaus.py and tests/test_integrate.py test them through the integrators).
+COMPILE_TIME_MODULES = ("numba_compat", "rk_kernels", "rk_kernels_generated")
 
 
 def _public_functions() -> list[str]:
     names = []
     for layer in (closed_forms, dynamics):
         for info in pkgutil.iter_modules(layer.__path__):
-            if info.name in TABLE_MODULES + OPTIONAL_MODULES:
+            if info.name in TABLE_MODULES + OPTIONAL_MODULES + COMPILE_TIME_MODULES:
                 continue
             module = importlib.import_module(f"{layer.__name__}.{info.name}")
             for name, value in vars(module).items():

@@ -2,7 +2,7 @@
 order of accuracy, cost budgets, divergence and bad input."""
 import numpy as np
 import pytest
-from numba import njit
+from numba import literally, njit
 from scipy.integrate import solve_ivp
 
 from attnflow.dynamics import integrate
@@ -181,6 +181,29 @@ def test_divergence_names_the_step():
         solve_rk4(nan_rhs, [1.0], (0.0, 1.0), 0.1)
     with pytest.raises(DivergenceError, match="diverged at step"):
         solve_dopri5(nan_rhs, [1.0], [0.0, 1.0])
+
+
+@pytest.mark.parametrize("status, run", [
+    ("NONFINITE", lambda: solve_rk4(nan_rhs, [1.0], (0.0, 1.0), 0.1)),
+    ("BLOWUP", lambda: solve_dop853(blowup_rhs, [1.0], [0.0, 2.0])),
+    ("MAX_STEPS", lambda: solve_dopri5(oscillator_rhs, [1.0, 0.5], [0.0, 100.0], [2.0], rtol=1e-10, max_steps=5)),
+    ("STEP_TOO_SMALL", lambda: solve_dopri5(nan_rhs, [1.0], [0.0, 1.0])),
+    ("WRONG_SIZE", lambda: iterate_map(growing_map, [1.0, 2.0], 3)),
+])
+def test_every_way_a_loop_ends_raises_its_status_error_with_its_message(status, run):
+    status = integrate.Status[status]
+    with pytest.raises(status.error) as raised:
+        run()
+    assert status.message in str(raised.value)
+
+
+def test_the_loops_return_statuses_that_carry_their_meaning():
+    y0, params = np.array([1.0, 0.5]), np.array([2.0])
+    _, status, *_ = _bound_oscillator(y0, 0.0, np.linspace(0.0, 1.0, 3), params, 1e-8, 1e-10, 0.0, 10**6, 1e12)
+    assert status is integrate.Status.SUCCESS and status == 0 and status.error is None
+    _, status, *_ = _bound_oscillator(y0, 0.0, np.array([0.0, 100.0]), params, 1e-10, 1e-10, 0.0, 5, 1e12)
+    assert status is integrate.Status.MAX_STEPS and issubclass(status.error, RuntimeError)
+    assert len({s.message for s in integrate.Status}) == len(integrate.Status)
 
 
 def test_max_steps_budget():
@@ -412,8 +435,8 @@ def test_bound_dopri5_loops_load_from_the_cache_in_a_new_process(tmp_path):
     assert runs[1].stdout.split() == ["1", "0", "1", "0"]  # both loaded from the cache
 
 
-# ---- the loops' borrowed views (dynamics/integrate.py, "borrowed views") --------------------------------------------
-WORK_ROWS = (integrate._DOPRI5_WORK_ROWS, integrate._DOP853_WORK_ROWS)
+# ---- the loops' borrowed views (dynamics/numba_compat.py, "Borrowed views") -----------------------------------------
+WORK_ROWS = tuple(integrate._work_rows(shape) for shape in integrate._SHAPES)
 
 
 @njit
@@ -464,40 +487,91 @@ def test_the_loops_release_what_they_allocate(solve):
     assert freed == allocated
 
 
-def test_the_fused_dopri5_sums_skip_exactly_the_tableaus_zeros():
-    """_dopri5_stage, _error_norm and _dense_coefficients write each row's terms out and leave out the zero
-    coefficients (as a term-by-term pass does, so the bits are the same): the tableau must have its zeros there and
-    nowhere else."""
-    from attnflow.dynamics.integrate import _DP_A, _DP_D, _DP_E
-
-    for s in range(1, 7):
-        zeros = [r for r in range(s) if _DP_A[s][r] == 0.0]
-        assert zeros == ([1] if s == 6 else []), s
-    assert [r for r in range(7) if _DP_E[r] == 0.0] == [1]
-    assert [r for r in range(7) if _DP_D[r] == 0.0] == [1]
+def _term_by_term(weights, count, K):
+    """Σ_{r<count} w_r K[r] as one pass over the vector per term: the first term, then the nonzero ones, in order."""
+    total = weights[0] * K[0]
+    for r in range(1, count):
+        if weights[r] != 0.0:
+            total = total + weights[r] * K[r]
+    return total
 
 
+@njit
+def _compiled_stage_sum(method, s, y, h, K, out):
+    literally(method)  # the loop passes the method as a constant: compile for it as a literal too
+    integrate._stage_sum(method, s, y, h, K, out)
+
+
+@njit
+def _compiled_error_norm(method, y, y_new, h, K, rtol, atol):
+    literally(method)
+    return integrate._error_norm(method, y, y_new, h, K, rtol, atol)
+
+
+@njit
+def _compiled_dense_coefficients(method, y, y_new, h, K, dense):
+    literally(method)
+    integrate._dense_coefficients(method, y, y_new, h, K, dense)
+
+
+@njit
+def _compiled_interpolate(method, y, dense, theta, ys, j):
+    literally(method)
+    integrate._interpolate(method, y, dense, theta, ys, j)
+
+
+KERNELS = {
+    "compiled": (_compiled_stage_sum, _compiled_error_norm, _compiled_dense_coefficients, _compiled_interpolate),
+    "python": (integrate._stage_sum, integrate._error_norm, integrate._dense_coefficients, integrate._interpolate),
+}
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("method", [0, 1], ids=["DOPRI5", "DOP853"])
 @pytest.mark.parametrize("n", [3, 50])
-def test_the_fused_dopri5_sums_are_the_term_by_term_passes_to_the_bit(n):
-    from attnflow.dynamics.integrate import (
-        _DP_A, _DP_D, _DP_E, _dense_coefficients, _dopri5_stage, _error_norm, _stage_sum, _weighted_stages,
-    )
-
+def test_the_written_out_sums_are_the_term_by_term_passes_to_the_bit(method, n, kernels):
+    """The kernels sum a tableau row one component at a time with its terms written out (dynamics/rk_kernels.py);
+    the arithmetic is that of one pass over the vector per term, so the bits are the same: stages, error norm,
+    interpolant coefficients and interpolant."""
+    stage_sum, error_norm, dense_coefficients, interpolate = KERNELS[kernels]
+    pair = integrate.METHODS[method]
+    stages, last = len(pair.c), pair.n_stages - 1
     rng = np.random.default_rng(n)
-    K, y, y_new = rng.normal(size=(7, n)), rng.normal(size=n), rng.normal(size=n)
-    h, acc = 0.37, np.empty(n)
-    for s in range(1, 7):
-        fused, passes = np.empty(n), np.empty(n)
-        _dopri5_stage(s, y, h, K, fused)
-        _stage_sum(y, h, K, s, _DP_A[s], acc, passes)
-        np.testing.assert_array_equal(fused, passes)
-    _weighted_stages(K, 7, _DP_E, acc)
-    scale = 1e-9 + 1e-6 * np.maximum(np.abs(y), np.abs(y_new))
-    total = 0.0
-    for i in range(n):  # the norm's own sum, left to right
-        total += (h * acc[i] / scale[i]) ** 2
-    assert _error_norm(y, y_new, h, K, 1e-6, 1e-9) == np.sqrt(total / n)
-    dense = np.empty((4, n))
-    _dense_coefficients(y, y_new, h, K, dense)
-    _weighted_stages(K, 7, _DP_D, acc)
-    np.testing.assert_array_equal(dense[3], h * acc)
+    K, y, y_new = rng.normal(size=(stages, n)), rng.normal(size=n), rng.normal(size=n)
+    h, rtol, atol = 0.37, 1e-6, 1e-9
+    for s in range(1, stages):
+        out = np.empty(n)
+        stage_sum(method, s, y, h, K, out)
+        np.testing.assert_array_equal(out, y + h * _term_by_term(pair.a[s], s, K))
+
+    scale = atol + rtol * np.maximum(np.abs(y), np.abs(y_new))
+    estimate = _term_by_term(pair.error, pair.n_stages, K)
+    if pair.error_3 is not None:  # DOP853
+        e5, e3 = estimate / scale, _term_by_term(pair.error_3, pair.n_stages, K) / scale
+        err5 = err3 = 0.0
+        for i in range(n):  # the norm's own sums, left to right
+            err5 += e5[i] * e5[i]
+            err3 += e3[i] * e3[i]
+        expected = abs(h) * err5 / np.sqrt((err5 + 0.01 * err3) * n)
+    else:
+        scaled, total = h * estimate / scale, 0.0
+        for i in range(n):
+            total += scaled[i] * scaled[i]
+        expected = np.sqrt(total / n)
+    assert error_norm(method, y, y_new, h, K, rtol, atol) == expected
+
+    dense = np.empty((3 + len(pair.dense), n))
+    dense_coefficients(method, y, y_new, h, K, dense)
+    delta = y_new - y
+    slope_term = h * K[0] - delta
+    third = 2.0 * delta - h * (K[last] + K[0]) if pair.hermite_as_scipy else delta - h * K[last] - slope_term
+    rows = [delta, slope_term, third] + [h * _term_by_term(d, stages, K) for d in pair.dense]
+    np.testing.assert_array_equal(dense, np.array(rows))
+
+    theta = 0.3
+    ys = np.empty((1, n))
+    interpolate(method, y, dense, theta, ys, 0)
+    nested = rows[-1]
+    for k in range(len(rows) - 2, -1, -1):  # y + θ(F₀ + (1 − θ)(F₁ + θ(F₂ + (1 − θ)(F₃ + …)))), from the inside
+        nested = rows[k] + ((1.0 - theta) if k % 2 == 0 else theta) * nested
+    np.testing.assert_array_equal(ys[0], y + theta * nested)
