@@ -33,7 +33,7 @@ from .parameters import Parameter, parse_parameters
 __all__ = ["nll_and_gradient_kernel", "read_only_copy", "MAX_CHAIN_K", "MAX_UNIFORM_K", "CCMCProblem", "QUERY_VARIANTS", "GOLDEN_P", "CYCLE_P", "STOCHASTIC_TOLERANCE", "MAX_ENUMERATED_PROMPTS",
            "centred_logits", "chain_from_logits", "check_chain", "check_prompts", "key_counts", "ccmc_law",
            "positional_law", "nll_theta", "nll_gradient_theta", "all_prompts", "fisher_information", "fisher_rank",
-           "fisher_rank_decision", "FISHER_RANK_CUT", "predicted_fisher_rank", "jacobians", "asymptotic_constants",
+           "fisher_rank_decision", "FISHER_RANK_CUT", "tangent_eigenvalues", "predicted_fisher_rank", "jacobians", "asymptotic_constants",
            "uniform_chain_constant", "polya_share_moments", "fitness_exponents", "diagonal_loser_exponents",
            "stationary_law_of_q", "invasion_rates", "fluid_rhs", "fluid_rhs_into", "pack_fluid_params",
            "equilibrium_on_support", "EQUILIBRIUM_TOLERANCE", "StabilityVerdict", "transversal_stability",

@@ -4,13 +4,16 @@ A system declares its parameters as :class:`Parameter` records: the Problem's in
 ``Problem.from_params``), its dynamics' options in the System record. :func:`parse_parameters` turns a mapping of
 names to text or numbers into checked values, refusing unknown names the same way for every system, so the
 command line and the Python API accept exactly the same inputs. Every error is a ``ValueError`` naming the
-parameter.
+parameter. :func:`takes_options` makes a function's keyword options read their defaults and bounds from the same
+records, so an option is declared once.
 
 Text forms: an integer or real (``10``, ``0.25``, ``1e3``), a vector as a comma list (``2,0``), a matrix as
 rows separated by ``;`` (``1,.3;.3,.6``), a boolean as ``true``/``false``, a choice as one of its words.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 from dataclasses import dataclass
@@ -18,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["Parameter", "parse_parameters", "describe", "square_matrix"]
+__all__ = ["Parameter", "parse_parameters", "describe", "square_matrix", "takes_options"]
 
 KINDS = ("integer", "real", "vector", "matrix", "boolean", "choice")
 
@@ -184,6 +187,37 @@ def parse_parameters(specs, values: Mapping, *, owner: str) -> dict:
         else:
             parsed[name] = spec.default
     return parsed
+
+
+def takes_options(*specs: Parameter):
+    """Declare a function's keyword options once, as :class:`Parameter` records: each record gives the keyword its
+    default (the signature names the option without one) and its type, bounds and choices, checked on every call as
+    ``--param`` checks them, so the function, the command line, ``--describe`` and the domain tables cannot drift.
+    An option whose record defaults to None also accepts None (the function derives the value). The records are
+    the wrapper's ``options``."""
+
+    def decorate(function):
+        signature = inspect.signature(function)
+        for spec in specs:
+            parameter = signature.parameters.get(spec.name)
+            if parameter is None or parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+                raise TypeError(f"{function.__qualname__}: option {spec.name} must be a keyword-only argument")
+            if parameter.default is not inspect.Parameter.empty:
+                raise TypeError(f"{function.__qualname__}: option {spec.name} has a default in its signature; "
+                                "its record is its one declaration")
+        function.__kwdefaults__ = {**(function.__kwdefaults__ or {}), **{spec.name: spec.default for spec in specs}}
+
+        @functools.wraps(function)
+        def with_checked_options(*args, **kwargs):
+            for spec in specs:
+                if spec.name in kwargs and not (kwargs[spec.name] is None and spec.default is None):
+                    kwargs[spec.name] = spec.parse(kwargs[spec.name])
+            return function(*args, **kwargs)
+
+        with_checked_options.options = specs
+        return with_checked_options
+
+    return decorate
 
 
 def describe(specs) -> list[str]:

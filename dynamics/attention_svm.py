@@ -23,7 +23,7 @@ from attnflow.closed_forms import attention_svm as cf
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.attention_svm import AttentionSVMProblem, log_scaled_logit_gradient
 from attnflow.closed_forms.softmax import max_propagating_nan
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
@@ -585,7 +585,27 @@ def regularisation_path(problem: AttentionSVMProblem, radii, *, alpha=None, thet
 # ==================================================================================================
 
 
-def population(problem: AttentionSVMProblem, *, R_max: float = 64.0, points: int = 7) -> Trajectory:
+MAX_ETA = 1e6  # the largest step and initialisation scale of a public run (the first step overflows beyond)
+
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("R_max", "real", 64.0, "largest radius of the regularisation path", minimum=0.0, strict=True,
+              maximum=1e4),
+    Parameter("points", "integer", 7, "radii R_max·2^-j, j < points", minimum=1, maximum=60),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("algorithm", "choice", "ngd", "ngd, gd, kq (per-factor), kq_joint, joint (v, p)",
+              choices=ALGORITHMS),
+    Parameter("eta", "real", 0.1, "step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("steps", "integer", 2000, "training steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("records", "integer", 60, "log-spaced records", minimum=2, maximum=MAX_RECORDS),
+)
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: AttentionSVMProblem, *, R_max: float, points: int) -> Trajectory:
     """The theory side: the regularisation path θ_R on R = R_max·2^{−(points−1)}, …, R_max (Theorem T1, §5),
     whose direction tends to the max-margin SVM θ^mm/||θ^mm||."""
     R_max = check.real(R_max, "R_max", minimum=0.0, strict=True, maximum=1e4)
@@ -595,7 +615,6 @@ def population(problem: AttentionSVMProblem, *, R_max: float = 64.0, points: int
     return regularisation_path(problem, R_max * 2.0 ** -np.arange(points - 1, -1, -1))
 
 
-MAX_ETA = 1e6  # the largest step and initialisation scale of a public run (the first step overflows beyond)
 
 
 def _step_and_scale(eta, init_scale) -> tuple[float, float]:
@@ -605,8 +624,9 @@ def _step_and_scale(eta, init_scale) -> tuple[float, float]:
             check.real(init_scale, "init_scale", minimum=0.0, strict=True, maximum=MAX_ETA))
 
 
-def minibatch(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, algorithm: str = "ngd", eta: float = 0.1,
-              steps: int = 2000, init_scale: float = 1.0, records: int = 60) -> Trajectory:
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, algorithm: str, eta: float,
+              steps: int, init_scale: float, records: int) -> Trajectory:
     """The papers' training algorithm on the whole finite data set (one step per epoch; §2.4), from a random
     initialisation U(−s/√d, s/√d) drawn from ``seed``. Adds ``one_minus_corr`` with the Frobenius SVM of opt
     (W, p) or the nuclear SVM (K, Q) when it is feasible."""
@@ -641,20 +661,3 @@ def minibatch(problem: AttentionSVMProblem, *, seed: seeding.SeedLike, algorithm
             metric = np.where(norms > 0, 1 - flat @ target / norms, np.nan)
         run.metrics["one_minus_corr"] = metric
     return run
-
-
-# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
-# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
-POPULATION_OPTIONS = (
-    Parameter("R_max", "real", 64.0, "largest radius of the regularisation path", minimum=0.0, strict=True,
-              maximum=1e4),
-    Parameter("points", "integer", 7, "radii R_max·2^-j, j < points", minimum=1, maximum=60),
-)
-MINIBATCH_OPTIONS = (
-    Parameter("algorithm", "choice", "ngd", "ngd, gd, kq (per-factor), kq_joint, joint (v, p)",
-              choices=ALGORITHMS),
-    Parameter("eta", "real", 0.1, "step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
-    Parameter("steps", "integer", 2000, "training steps", minimum=1, maximum=MAX_STEPS),
-    Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, strict=True, maximum=MAX_ETA),
-    Parameter("records", "integer", 60, "log-spaced records", minimum=2, maximum=MAX_RECORDS),
-)

@@ -19,11 +19,11 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.ccmc import CCMCProblem
 from attnflow.closed_forms.lapack import DGESV, solve_into
 from attnflow.closed_forms.softmax import softmax_into
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
-from .montecarlo import MAX_BATCH, Trajectory, check_count, check_run_length, log_grid
+from .montecarlo import MAX_RECORDS, MAX_BATCH, Trajectory, check_count, check_run_length, log_grid
 
 __all__ = ["POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "MAX_RUNS", "random_embeddings", "tied_head", "attention_logits", "attention_output", "positional_attention_output",
            "sample_raw_outputs", "generate_raw", "sample_learning_data", "fit_mle", "raw_nll_and_gradient",
@@ -684,7 +684,21 @@ def _log_steps(steps: int, n_records: int) -> np.ndarray:
     return log_grid(steps, n_records - 1)
 
 
-def population(problem: CCMCProblem, *, steps: int = 100_000, n_records: int = 60) -> Trajectory:
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("steps", "integer", 100_000, "generated tokens t at the end", minimum=1, maximum=100_000_000),
+    Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=MAX_RECORDS),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("steps", "integer", 100_000, "generated tokens per run", minimum=1, maximum=10_000_000),
+    Parameter("runs", "integer", 50, "independent generated trajectories", minimum=1, maximum=MAX_RUNS),
+    Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=MAX_RECORDS),
+)
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: CCMCProblem, *, steps: int, n_records: int) -> Trajectory:
     """The theory side of a generated trajectory: the fluid limit of §6.5 from the shares of X0, in τ = log(t/L₀ + 1)
     and reported at the generated-token counts t. Metrics: each token's share, the number of tokens with share
     above 1%, and the largest invasion rate among tokens with share below 1% (< 1: none can come back)."""
@@ -699,8 +713,9 @@ def population(problem: CCMCProblem, *, steps: int = 100_000, n_records: int = 6
                       info=dict(initial_shares=f0, tau=np.log1p(t / L0)))
 
 
-def minibatch(problem: CCMCProblem, *, seed, steps: int = 100_000, runs: int = 50,
-              n_records: int = 60) -> Trajectory:
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: CCMCProblem, *, seed, steps: int, runs: int,
+              n_records: int) -> Trajectory:
     """Generation by the CCMC from X0 (the model sampling its own growing context, §6), ``runs`` trajectories as
     count vectors. Metrics: the run-mean share of each token, the run-mean number of tokens with share above
     1%, and the run-mean largest share. ``states['shares']`` holds every run (n_t, runs, K)."""
@@ -715,16 +730,3 @@ def minibatch(problem: CCMCProblem, *, seed, steps: int = 100_000, runs: int = 5
     metrics["largest_share"] = shares.max(axis=2).mean(axis=0)
     return Trajectory(times=record.astype(float), states=dict(shares=np.transpose(shares, (1, 0, 2))),
                       metrics=metrics, info=dict(runs=runs))
-
-
-# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
-# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
-POPULATION_OPTIONS = (
-    Parameter("steps", "integer", 100_000, "generated tokens t at the end", minimum=1, maximum=100_000_000),
-    Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=10_000),
-)
-MINIBATCH_OPTIONS = (
-    Parameter("steps", "integer", 100_000, "generated tokens per run", minimum=1, maximum=10_000_000),
-    Parameter("runs", "integer", 50, "independent generated trajectories", minimum=1, maximum=MAX_RUNS),
-    Parameter("n_records", "integer", 60, "recorded times (log-spaced)", minimum=3, maximum=10_000),
-)

@@ -136,11 +136,11 @@ def _diffusion(problem, rng):
 
 
 def _drift_rhs(problem, rng):
-    return {"rhs": gd_cf_rhs(), "y0": np.zeros(6), "t_eval": np.linspace(0.0, 1.0, 3), "t_span": (0.0, 1.0),
+    return {"rhs": _gd_cf_rhs(), "y0": np.zeros(6), "t_eval": np.linspace(0.0, 1.0, 3), "t_span": (0.0, 1.0),
             "dt": 0.1, "params": _gd_params()}
 
 
-def gd_cf_rhs():
+def _gd_cf_rhs():
     from attnflow.closed_forms import gd_beta as gd_cf
     return gd_cf.gradient_flow_rhs_into
 

@@ -16,7 +16,7 @@ from attnflow.closed_forms import checks as check
 
 from .integrate import DivergenceError, dopri5_loop, solve_dopri5
 from attnflow.seeding import SeedLike, generators
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
 from .montecarlo import (MAX_BATCH, MAX_POINTS, MonteCarloMean, RegressionPrompts, Trajectory, check_batch_size,
                          check_count, check_run_length, flow_times, monte_carlo_mean,
@@ -594,17 +594,6 @@ def sgd_gaussian_noise_paths(problem: GDBetaProblem, batch_size: int, steps: int
 # ==================================================================================================
 
 
-def population(problem: GDBetaProblem, *, t_end: float | None = None, n_points: int = 200) -> Trajectory:
-    """The gradient flow (6.1) from (0, 0): :func:`population_trajectory`."""
-    return population_trajectory(problem, t_end=t_end, n_points=n_points)
-
-
-def minibatch(problem: GDBetaProblem, *, seed: SeedLike, model: str = "gd_beta", batch_size: int = 128,
-              steps: int = 1000, lr: float = 0.05, optimizer: str = "adam") -> Trajectory:
-    """Training on fresh prompts, one batch per step: :func:`minibatch_trajectory`."""
-    return minibatch_trajectory(problem, model, batch_size, steps, seed=seed, lr=lr, optimizer=optimizer)
-
-
 # The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
 # table (dynamics/domains.py) draws from, one record each so the two cannot drift.
 POPULATION_OPTIONS = (
@@ -618,3 +607,16 @@ MINIBATCH_OPTIONS = (
     Parameter("lr", "real", 0.05, "learning rate", minimum=0.0, strict=True),
     Parameter("optimizer", "choice", "adam", "the optimiser", choices=tuple(OPTIMIZERS)),
 )
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: GDBetaProblem, *, t_end: float | None, n_points: int) -> Trajectory:
+    """The gradient flow (6.1) from (0, 0): :func:`population_trajectory`."""
+    return population_trajectory(problem, t_end=t_end, n_points=n_points)
+
+
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: GDBetaProblem, *, seed: SeedLike, model: str, batch_size: int,
+              steps: int, lr: float, optimizer: str) -> Trajectory:
+    """Training on fresh prompts, one batch per step: :func:`minibatch_trajectory`."""
+    return minibatch_trajectory(problem, model, batch_size, steps, seed=seed, lr=lr, optimizer=optimizer)

@@ -19,9 +19,9 @@ from attnflow.closed_forms.group_sparse import GroupSparseProblem
 
 from .integrate import DivergenceError, iterate_map, solve_dopri5
 from attnflow.seeding import SeedLike, as_seed_sequence
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
-from .montecarlo import Trajectory, check_count, check_run_length, log_grid
+from .montecarlo import MAX_RECORDS, Trajectory, check_count, check_run_length, log_grid
 
 __all__ = ["sample_downstream", "fine_tune", "transformer_error", "logistic_regression", "linear_error", "POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "sample_data", "loss_and_gradient", "full_gd_trajectory", "position_only_trajectory", "position_only_flow", "attention_on_star",
            "attention_matrix", "population", "minibatch"]
@@ -410,29 +410,31 @@ def linear_error(X, y, w) -> float:
 # ==================================================================================================
 
 
-def population(problem: GroupSparseProblem, *, eta: float = 1.0, steps: int = 6000, n_records: int = 60) -> Trajectory:
-    """The position-only (β, α) map of docs/group_sparse.md §6 from (0, 0): :func:`position_only_trajectory`."""
-    return position_only_trajectory(problem, eta, steps, n_records=n_records)
-
-
-def minibatch(problem: GroupSparseProblem, *, seed: SeedLike, eta: float = 1.0, steps: int = 20,
-              batch_size: int = 3000, position_only: bool = False, n_records: int = 30) -> Trajectory:
-    """GD on (v, W) with a fresh symmetrised batch per step: :func:`full_gd_trajectory`."""
-    return full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=seed, position_only=position_only,
-                              n_records=n_records)
-
-
 # The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
 # table (dynamics/domains.py) draws from, one record each so the two cannot drift.
 POPULATION_OPTIONS = (
     Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True),
     Parameter("steps", "integer", 6000, "steps of the (β, α) map", minimum=1, maximum=100_000_000),
-    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=MAX_RECORDS),
 )
 MINIBATCH_OPTIONS = (
     Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True),
     Parameter("steps", "integer", 20, "GD steps", minimum=1, maximum=10_000_000),
     Parameter("batch_size", "integer", 3000, "fresh samples per step", minimum=1, maximum=10_000_000),
     Parameter("position_only", "boolean", False, "train v and W₂₂ only (the sub-model)"),
-    Parameter("n_records", "integer", 30, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+    Parameter("n_records", "integer", 30, "recorded steps (log-spaced)", minimum=2, maximum=MAX_RECORDS),
 )
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: GroupSparseProblem, *, eta: float, steps: int, n_records: int) -> Trajectory:
+    """The position-only (β, α) map of docs/group_sparse.md §6 from (0, 0): :func:`position_only_trajectory`."""
+    return position_only_trajectory(problem, eta, steps, n_records=n_records)
+
+
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: GroupSparseProblem, *, seed: SeedLike, eta: float, steps: int,
+              batch_size: int, position_only: bool, n_records: int) -> Trajectory:
+    """GD on (v, W) with a fresh symmetrised batch per step: :func:`full_gd_trajectory`."""
+    return full_gd_trajectory(problem, eta, steps, batch_size=batch_size, seed=seed, position_only=position_only,
+                              n_records=n_records)

@@ -87,6 +87,7 @@ __all__ = [
     "dopri5_loop",
     "map_loop",
     "solve_dop853",
+    "Status",
 ]
 
 

@@ -17,7 +17,7 @@ from attnflow.closed_forms import linear_attention_h3 as cf
 from attnflow.closed_forms.linear_attention_h3 import H3Problem
 from attnflow.closed_forms.linalg import psd_power
 from attnflow.seeding import SeedLike, generators
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
 from .errors import DivergenceError
 from .integrate import dopri5_loop, solve_dopri5
@@ -624,22 +624,6 @@ def correlated_population_trajectory(problem: H3Problem, *, t_end: float | None 
                       info=dict(rate=rate, limit=c_star))
 
 
-def population(problem: H3Problem, *, t_end: float | None = None, n_points: int = 200) -> Trajectory:
-    """The gradient flow of the PGD risk from W = 0 (:func:`population_trajectory`); in the rag and tfa designs the
-    exact flow of R(cI) (:func:`correlated_population_trajectory`)."""
-    if problem.design != "iid":
-        return correlated_population_trajectory(problem, t_end=t_end, n_points=n_points)
-    return population_trajectory(problem, t_end=t_end, n_points=n_points)
-
-
-def minibatch(problem: H3Problem, *, seed: SeedLike, model: str = "attention", steps: int = 2000,
-              batch_size: int = 256, lr: float = 0.01, optimizer: str = "adam", rank: int | None = None) -> Trajectory:
-    """Training on fresh prompts, one batch per step, by the protocol of docs/linear_attention_h3.md §8.1
-    (:func:`train` with the learning rate decaying to PROTOCOL_FINAL_FRACTION = 2%)."""
-    return train(problem, model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, rank=rank,
-                 final_fraction=PROTOCOL_FINAL_FRACTION)
-
-
 # The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
 # table (dynamics/domains.py) draws from, one record each so the two cannot drift.
 POPULATION_OPTIONS = (
@@ -655,3 +639,21 @@ MINIBATCH_OPTIONS = (
     Parameter("rank", "integer", None, "key/query width d_k of the attention (default d + 1)", minimum=1,
               maximum=MAX_RANK),
 )
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: H3Problem, *, t_end: float | None, n_points: int) -> Trajectory:
+    """The gradient flow of the PGD risk from W = 0 (:func:`population_trajectory`); in the rag and tfa designs the
+    exact flow of R(cI) (:func:`correlated_population_trajectory`)."""
+    if problem.design != "iid":
+        return correlated_population_trajectory(problem, t_end=t_end, n_points=n_points)
+    return population_trajectory(problem, t_end=t_end, n_points=n_points)
+
+
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: H3Problem, *, seed: SeedLike, model: str, steps: int,
+              batch_size: int, lr: float, optimizer: str, rank: int | None) -> Trajectory:
+    """Training on fresh prompts, one batch per step, by the protocol of docs/linear_attention_h3.md §8.1
+    (:func:`train` with the learning rate decaying to PROTOCOL_FINAL_FRACTION = 2%)."""
+    return train(problem, model, seed=seed, steps=steps, batch_size=batch_size, lr=lr, optimizer=optimizer, rank=rank,
+                 final_fraction=PROTOCOL_FINAL_FRACTION)

@@ -20,7 +20,7 @@ from attnflow.closed_forms import next_token_scc as cf
 from attnflow.closed_forms.logit_losses import LOG_LOSS_CODE, log_scaled_logit_gradient
 from attnflow.closed_forms.next_token_scc import NTPProblem
 from attnflow.closed_forms.softmax import softmax_into
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
 from .errors import DivergenceError
 from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, log_spaced_steps
@@ -333,7 +333,24 @@ def metrics(run: Trajectory, ref: Reference) -> dict:
 MAX_ETA = 1e6  # the largest step and initialisation scale of a public run (the first step overflows the logits beyond)
 
 
-def population(problem: NTPProblem, *, eta: float = 1.0, steps: int = 20000, records: int = 40) -> Trajectory:
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("steps", "integer", 20000, "GD steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=MAX_RECORDS),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("algorithm", "choice", "ngd", "ngd (the paper's experiments) or gd", choices=ALGORITHMS),
+    Parameter("eta", "real", 0.01, "step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("steps", "integer", 4000, "training steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, strict=True, maximum=MAX_ETA),
+    Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=MAX_RECORDS),
+)
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: NTPProblem, *, eta: float, steps: int, records: int) -> Trajectory:
     """The theorem's algorithm: GD with constant step η from W_0 = 0 on the exact loss (§2.3), with the
     comparison metrics of §8.1 against W^svm, W^fin and the limit attention."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True, maximum=MAX_ETA)
@@ -342,8 +359,9 @@ def population(problem: NTPProblem, *, eta: float = 1.0, steps: int = 20000, rec
                       info=run.info, final=run.final)
 
 
-def minibatch(problem: NTPProblem, *, seed: seeding.SeedLike, algorithm: str = "ngd", eta: float = 0.01,
-              steps: int = 4000, init_scale: float = 1.0, records: int = 40) -> Trajectory:
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: NTPProblem, *, seed: seeding.SeedLike, algorithm: str, eta: float,
+              steps: int, init_scale: float, records: int) -> Trajectory:
     """The paper's experiment: full-batch (normalised) GD from the default initialisation U(−s/√d, s/√d) drawn from
     ``seed`` (§2.3), with the metrics of §8.1."""
     if algorithm not in ALGORITHMS:
@@ -356,19 +374,3 @@ def minibatch(problem: NTPProblem, *, seed: seeding.SeedLike, algorithm: str = "
     run = train(problem, W0, eta=eta, steps=steps, normalise=algorithm == "ngd", records=records)
     return Trajectory(times=run.times, states=run.states, metrics={**run.metrics, **metrics(run, Reference(problem))},
                       info=run.info, final=run.final)
-
-
-# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
-# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
-POPULATION_OPTIONS = (
-    Parameter("eta", "real", 1.0, "GD step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
-    Parameter("steps", "integer", 20000, "GD steps", minimum=1, maximum=MAX_STEPS),
-    Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=2000),
-)
-MINIBATCH_OPTIONS = (
-    Parameter("algorithm", "choice", "ngd", "ngd (the paper's experiments) or gd", choices=ALGORITHMS),
-    Parameter("eta", "real", 0.01, "step size η", minimum=0.0, strict=True, maximum=MAX_ETA),
-    Parameter("steps", "integer", 4000, "training steps", minimum=1, maximum=MAX_STEPS),
-    Parameter("init_scale", "real", 1.0, "initialisation U(−s/√d, s/√d)", minimum=0.0, strict=True, maximum=MAX_ETA),
-    Parameter("records", "integer", 40, "log-spaced records", minimum=2, maximum=2000),
-)

@@ -19,10 +19,10 @@ from attnflow.closed_forms.one_nn import OneNNProblem
 
 from .integrate import DivergenceError, iterate_map, rk4_loop, solve_rk4
 from attnflow.seeding import SeedLike, generators
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
 from . import progress
-from .montecarlo import MAX_SAMPLES, MonteCarloMean, Trajectory, check_batch_size, check_count, check_run_length, log_grid
+from .montecarlo import MAX_RECORDS, MAX_SAMPLES, MonteCarloMean, Trajectory, check_batch_size, check_count, check_run_length, log_grid
 
 __all__ = ["POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "Prompts", "sample_prompts", "token_matrices", "manifold_weight", "per_prompt_loss_and_gradient",
            "monte_carlo_loss", "reduced_trajectory", "flow_trajectory", "full_gd_trajectory",
@@ -274,27 +274,29 @@ def shifted_test_loss(problem: OneNNProblem, xi1: float, xi2: float, n: int, del
 # ==================================================================================================
 
 
-def population(problem: OneNNProblem, *, eta: float = 200.0, steps: int = 300, n_records: int = 100) -> Trajectory:
-    """Reduced GD on (ξ₁, ξ₂) with quadrature expectations: :func:`reduced_trajectory`."""
-    return reduced_trajectory(problem, eta, steps, n_records=n_records)
-
-
-def minibatch(problem: OneNNProblem, *, seed: SeedLike, eta: float = 1.5, steps: int = 60, batch_size: int = 256,
-              n_records: int = 50) -> Trajectory:
-    """GD on the full W with a fresh batch of prompts per step: :func:`full_gd_trajectory`."""
-    return full_gd_trajectory(problem, eta, steps, batch_size, seed=seed, n_records=n_records)
-
-
 # The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
 # table (dynamics/domains.py) draws from, one record each so the two cannot drift.
 POPULATION_OPTIONS = (
     Parameter("eta", "real", 200.0, "GD step size η", minimum=0.0, strict=True),
     Parameter("steps", "integer", 300, "GD steps", minimum=1, maximum=10_000_000),
-    Parameter("n_records", "integer", 100, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
+    Parameter("n_records", "integer", 100, "recorded steps (log-spaced)", minimum=2, maximum=MAX_RECORDS),
 )
 MINIBATCH_OPTIONS = (
     Parameter("eta", "real", 1.5, "GD step size η", minimum=0.0, strict=True),
     Parameter("steps", "integer", 60, "GD steps", minimum=1, maximum=10_000_000),
     Parameter("batch_size", "integer", 256, "fresh prompts per step", minimum=1, maximum=1_000_000),
-    Parameter("n_records", "integer", 50, "recorded steps", minimum=2, maximum=100_000),
+    Parameter("n_records", "integer", 50, "recorded steps", minimum=2, maximum=MAX_RECORDS),
 )
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: OneNNProblem, *, eta: float, steps: int, n_records: int) -> Trajectory:
+    """Reduced GD on (ξ₁, ξ₂) with quadrature expectations: :func:`reduced_trajectory`."""
+    return reduced_trajectory(problem, eta, steps, n_records=n_records)
+
+
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: OneNNProblem, *, seed: SeedLike, eta: float, steps: int, batch_size: int,
+              n_records: int) -> Trajectory:
+    """GD on the full W with a fresh batch of prompts per step: :func:`full_gd_trajectory`."""
+    return full_gd_trajectory(problem, eta, steps, batch_size, seed=seed, n_records=n_records)

@@ -18,9 +18,9 @@ from attnflow.closed_forms.softmax import max_propagating_nan, softmax_into
 
 from .integrate import DivergenceError, iterate_map
 from attnflow.seeding import SeedLike, as_seed_sequence, spawn
-from attnflow.closed_forms.parameters import Parameter
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
-from .montecarlo import MAX_STEPS, Trajectory, check_count, check_run_length, log_grid
+from .montecarlo import MAX_RECORDS, MAX_STEPS, Trajectory, check_count, check_run_length, log_grid
 
 __all__ = ["POPULATION_OPTIONS", "MINIBATCH_OPTIONS", "sample_paths", "reduced_trajectory", "Sequences", "population_sequences", "sample_sequences",
            "full_gd_trajectory", "full_accuracy", "population", "minibatch"]
@@ -285,31 +285,33 @@ def full_gd_trajectory(problem: RandomWalkProblem, sequences: Sequences, steps: 
 # ==================================================================================================
 
 
-def population(problem: RandomWalkProblem, *, steps: int = 400, n_records: int | None = 60) -> Trajectory:
+# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
+# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
+POPULATION_OPTIONS = (
+    Parameter("steps", "integer", 400, "GD steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=MAX_RECORDS),
+)
+MINIBATCH_OPTIONS = (
+    Parameter("steps", "integer", 400, "GD steps", minimum=1, maximum=MAX_STEPS),
+    Parameter("n_sequences", "integer", 2000, "sampled training sequences", minimum=1, maximum=10_000_000),
+    Parameter("init_scale", "real", 0.0, "standard deviation of the initial weights", minimum=0.0),
+    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=MAX_RECORDS),
+)
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: RandomWalkProblem, *, steps: int, n_records: int | None) -> Trajectory:
     """The reduced (v, z) map over every step path, exactly (:func:`attnflow.closed_forms.random_walk.enumerate_paths`,
     N − 1 <= 20 steps): :func:`reduced_trajectory`."""
     return reduced_trajectory(problem, cf.enumerate_paths(problem), steps, n_records=n_records)
 
 
-def minibatch(problem: RandomWalkProblem, *, seed: SeedLike, steps: int = 400, n_sequences: int = 2000,
-              init_scale: float = 0.0, n_records: int | None = 60) -> Trajectory:
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: RandomWalkProblem, *, seed: SeedLike, steps: int, n_sequences: int,
+              init_scale: float, n_records: int | None) -> Trajectory:
     """GD on the full (V, W) over ``n_sequences`` sampled sequences (the paper's finite training set):
     :func:`full_gd_trajectory`. The sequences and the initialisation take separate children of ``seed``."""
     n_sequences = check_count(n_sequences, "n_sequences")
     data_seed, init_seed = spawn(seed, 2)
     sequences = sample_sequences(problem, n_sequences, np.random.default_rng(data_seed))
     return full_gd_trajectory(problem, sequences, steps, init_scale=init_scale, seed=init_seed, n_records=n_records)
-
-
-# The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
-# table (dynamics/domains.py) draws from, one record each so the two cannot drift.
-POPULATION_OPTIONS = (
-    Parameter("steps", "integer", 400, "GD steps", minimum=1, maximum=MAX_STEPS),
-    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
-)
-MINIBATCH_OPTIONS = (
-    Parameter("steps", "integer", 400, "GD steps", minimum=1, maximum=MAX_STEPS),
-    Parameter("n_sequences", "integer", 2000, "sampled training sequences", minimum=1, maximum=10_000_000),
-    Parameter("init_scale", "real", 0.0, "standard deviation of the initial weights", minimum=0.0),
-    Parameter("n_records", "integer", 60, "recorded steps (log-spaced)", minimum=2, maximum=100_000),
-)

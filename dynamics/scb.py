@@ -18,7 +18,7 @@ from attnflow.closed_forms import checks as check
 from attnflow.closed_forms.scb import SCBProblem
 
 from attnflow.seeding import SeedLike, generator_state, spawn
-from attnflow.closed_forms.parameters import Parameter, parse_parameters
+from attnflow.closed_forms.parameters import Parameter, takes_options
 
 from .errors import DivergenceError, StageFailure
 from .integrate import iterate_map, solve_dopri5
@@ -770,29 +770,6 @@ def offline_errors(problem: SCBProblem, run: Trajectory) -> tuple[np.ndarray, np
 ETA = 0.25  # the normalised step of docs/scb.md §11
 
 
-def population(problem: SCBProblem, *, eta: float = ETA, steps: int = 100) -> Trajectory:
-    """The population map on the line (eq. 7) with η_V = η/K_Q, η_Q = η/K_P: :func:`line_trajectory`."""
-    eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    if check.integer(steps, "steps", minimum=1) > MAX_STEPS:  # the option's bounds (POPULATION_OPTIONS)
-        raise ValueError(f"steps must be <= {MAX_STEPS:.0e}, got {steps}")
-    return line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps)
-
-
-def minibatch(problem: SCBProblem, *, seed: SeedLike, eta: float = ETA, lam: float = 0.01, stage1_steps: int = 40,
-              stage1_batch: int = 8000, stage2_steps: int = 150, stage2_batch: int = 2000, stage3_steps: int = 80,
-              stage3_batch: int = 4000) -> Trajectory:
-    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in docs/scb.md §11.
-    The options are checked against MINIBATCH_OPTIONS, the records of ``attnflow simulate scb --param``."""
-    o = parse_parameters(MINIBATCH_OPTIONS, dict(eta=eta, lam=lam, stage1_steps=stage1_steps, stage1_batch=stage1_batch,
-                                                 stage2_steps=stage2_steps, stage2_batch=stage2_batch,
-                                                 stage3_steps=stage3_steps, stage3_batch=stage3_batch),
-                         owner="scb minibatch")
-    return run_algorithm1(problem, StageSettings(o["stage1_steps"], o["stage1_batch"], o["eta"]),
-                          StageSettings(o["stage2_steps"], o["stage2_batch"], o["eta"], lam=o["lam"]),
-                          StageSettings(o["stage3_steps"], o["stage3_batch"], o["eta"], eta_V=0.1 / problem.K_Q),
-                          seed=seed)
-
-
 # The options of population and minibatch: the records `attnflow solve/simulate --param` reads and the domain
 # table (dynamics/domains.py) draws from, one record each so the two cannot drift.
 POPULATION_OPTIONS = (
@@ -807,3 +784,23 @@ MINIBATCH_OPTIONS = (
       for what, default, label, maximum in (("steps", steps, "steps", MAX_STEPS),
                                             ("batch", batch, "samples per step", MAX_STAGE_BATCH))),
 )
+
+
+@takes_options(*POPULATION_OPTIONS)
+def population(problem: SCBProblem, *, eta: float, steps: int) -> Trajectory:
+    """The population map on the line (eq. 7) with η_V = η/K_Q, η_Q = η/K_P: :func:`line_trajectory`."""
+    eta = check.real(eta, "eta", minimum=0.0, strict=True)
+    if check.integer(steps, "steps", minimum=1) > MAX_STEPS:  # the option's bounds (POPULATION_OPTIONS)
+        raise ValueError(f"steps must be <= {MAX_STEPS:.0e}, got {steps}")
+    return line_trajectory(problem, eta / problem.K_Q, eta / problem.K_P, steps)
+
+
+@takes_options(*MINIBATCH_OPTIONS)
+def minibatch(problem: SCBProblem, *, seed: SeedLike, eta: float, lam: float, stage1_steps: int, stage1_batch: int,
+              stage2_steps: int, stage2_batch: int, stage3_steps: int, stage3_batch: int) -> Trajectory:
+    """Algorithm 1 on fresh minibatches (:func:`run_algorithm1`), Stage 3 with η_V = 0.1/K_Q as in docs/scb.md §11.
+    The options, their defaults and bounds are MINIBATCH_OPTIONS, the records of ``attnflow simulate scb --param``."""
+    return run_algorithm1(problem, StageSettings(stage1_steps, stage1_batch, eta),
+                          StageSettings(stage2_steps, stage2_batch, eta, lam=lam),
+                          StageSettings(stage3_steps, stage3_batch, eta, eta_V=0.1 / problem.K_Q),
+                          seed=seed)

@@ -1061,8 +1061,6 @@ SYSTEM = System(
     problem=CCMCProblem,
     population=dyn.population,
     minibatch=dyn.minibatch,
-    population_options=dyn.POPULATION_OPTIONS,
-    minibatch_options=dyn.MINIBATCH_OPTIONS,
     summary=summary,
     docs="docs/ccmc.md",
     population_time="generated tokens t (fluid limit, τ = log(1 + t/L₀))",

@@ -54,7 +54,9 @@ class System:
     minibatch : callable
         ``minibatch(problem, *, seed, **options) -> Trajectory``: the paper's training algorithm on sampled data.
     population_options, minibatch_options : tuple of Parameter
-        The options each of them takes (``attnflow solve/simulate --param``).
+        The options each of them takes (``attnflow solve/simulate --param``). A function decorated with
+        ``attnflow.closed_forms.parameters.takes_options`` declares its own, and they are read from it (given
+        here too, they must be the same records).
     summary : callable, optional
         ``summary(problem, *, seed, **options) -> dict``: the system's closed-form numbers at a problem, printed
         by ``attnflow solve`` (``seed`` drives any Monte-Carlo quantity in it).
@@ -105,6 +107,14 @@ class System:
         for name in ("PARAMETERS", "from_params"):
             if not hasattr(self.problem, name):
                 raise ValueError(f"system {self.key}: its Problem class {self.problem.__name__} has no {name}")
+        for run in ("population", "minibatch"):  # options declared once, on the function (takes_options)
+            declared, given = getattr(getattr(self, run), "options", None), getattr(self, f"{run}_options")
+            if declared is None:
+                continue
+            if given and tuple(given) != tuple(declared):
+                raise ValueError(f"system {self.key}: {run}_options differ from the records its {run} function "
+                                 "declares with takes_options; give them once, on the function")
+            object.__setattr__(self, f"{run}_options", tuple(declared))
 
     def problem_from_params(self, values) -> object:
         """A validated Problem from ``values`` (name → text or value)."""
