@@ -10,12 +10,15 @@ import numpy as np
 
 from . import checks as check
 
-__all__ = ["UncertifiedSolution", "RankDecision", "rank_decision", "check_cut", "ROUND_OFF"]
+__all__ = ["UncertifiedSolution", "RankDecision", "rank_decision", "check_cut", "ROUND_OFF", "ACCUMULATED_ROUND_OFF"]
 
 # An eigenvalue or singular value at most this fraction of the largest is round-off of an exact zero: in float64 a
 # product or sum of a few hundred terms carries relative errors of about 1e-15 (measured: ≤ 1.1e-15 on the
 # enumerated Fisher informations of ccmc), and genuine small values of the problems here are above 1e-10.
 ROUND_OFF = 1e-12
+# The same for a quantity carried through many float64 operations — thousands of steps of an iterated map, an exact
+# solver's identities (NNLS, SVD) — relative to O(1): ~1e-15 per step over up to 1e5 steps, with room to spare.
+ACCUMULATED_ROUND_OFF = 1e-9
 
 
 class UncertifiedSolution(RuntimeError):

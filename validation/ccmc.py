@@ -26,7 +26,7 @@ from .systems import System
 
 PAPER = "Ildiz, Huang, Li, Rawat & Oymak, ICML 2024 (arXiv:2402.13512)"
 # Exact identities are computed two ways in float64; 1e-12 is a few hundred ulps of the O(1) quantities compared.
-ROUND_OFF = 1e-12
+from attnflow.closed_forms.certificates import ROUND_OFF
 # The nominal two-sided false-FAIL probability of one comparison at Z_TOLERANCE (≈ 6e-5).
 ALPHA = two_sided_p(Z_TOLERANCE)
 # Level of the bootstrap interval whose width gives an exponent's standard error (width / (2 · 1.96)).

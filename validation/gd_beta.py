@@ -9,6 +9,7 @@ from scipy import stats as scipy_stats
 from scipy.optimize import minimize
 
 from attnflow import seeding
+from attnflow.closed_forms.certificates import ROUND_OFF
 from attnflow.closed_forms import checks as check
 from attnflow.closed_forms import gd_beta as cf
 from attnflow.closed_forms.gd_beta import GDBetaProblem
@@ -915,7 +916,7 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
 
 # Family-wise nominal false-FAIL rate of each diffusion-tier claim, split by Bonferroni over its comparisons.
 DIFFUSION_FAMILY_RATE = 1e-3
-ROUND_OFF = 1e-12  # the same float64 arithmetic in two orders (relative to the gradient's size)
+# ROUND_OFF (closed_forms.certificates): the same float64 arithmetic in two orders, relative to the gradient's size
 
 
 def _sgd_paths(problem, batch_size, steps, lr, seed, runs, record_every):

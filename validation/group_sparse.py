@@ -17,7 +17,7 @@ from .stats import Z_TOLERANCE, fit_exponent_t, fit_power_law, richardson_in_bat
 
 PAPER = "Zhang, Meng & Cao, ICLR 2025 (arXiv:2504.08638)"
 EXAMPLE = GroupSparseProblem.standard(d=4, D=6, j_star=2)  # the paper's (d, D) = (4, 6), j* = 2
-ROUND_OFF = 1e-12
+from attnflow.closed_forms.certificates import ROUND_OFF
 
 
 def _realise_position_only(problem: GroupSparseProblem, beta: float, alpha: float):

@@ -24,7 +24,7 @@ from .systems import System
 
 PAPER = "Li, Rawat & Oymak, NeurIPS 2024 (arXiv:2407.10005)"
 DOCS = "docs/linear_attention_h3.md"
-ROUND_OFF = 1e-12            # exact identities computed two ways in float64
+from attnflow.closed_forms.certificates import ROUND_OFF  # exact identities computed two ways in float64
 OPTIMISER = 1e-8             # BFGS on a smooth closed form, gradient tolerance 1e-12
 ALPHA = two_sided_p(Z_TOLERANCE)
 # A trained model is accepted within this fraction of the optimum (optimisation error of a finite run) plus

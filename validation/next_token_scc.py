@@ -28,7 +28,7 @@ from .systems import System
 
 PAPER = "Li, Huang, Ildiz, Rawat & Oymak, AISTATS 2024 (arXiv:2403.08081)"
 LEVEL = 0.95
-ROUND_OFF = 1e-9          # identities of the exact solvers (NNLS, SVD), relative to O(1) quantities
+from attnflow.closed_forms.certificates import ACCUMULATED_ROUND_OFF as ROUND_OFF  # identities of the exact solvers (NNLS, SVD), relative to O(1) quantities
 CONFIGS = ("paper", "mixed")
 GD_QUICK = dict(instances=10, steps=20000)
 GD_FULL = dict(instances=100, steps=100000)

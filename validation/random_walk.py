@@ -22,7 +22,7 @@ from .stats import Z_TOLERANCE, fit_power_law, two_sided_p, z_basis
 
 PAPER = "Shi & Cao, NeurIPS 2025 (arXiv:2511.23239)"
 # Round-off: the reduced map and the full model agree to ~1e-15 (docs/random_walk.md §4); allow 1e-9 relative.
-ROUND_OFF = 1e-9
+from attnflow.closed_forms.certificates import ACCUMULATED_ROUND_OFF as ROUND_OFF
 
 
 def _p_id(prefix: str, p: float) -> str:

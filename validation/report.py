@@ -22,6 +22,7 @@ import textwrap
 from importlib import metadata, resources
 from pathlib import Path
 
+from attnflow.closed_forms.certificates import ROUND_OFF
 from . import notation
 from .claims import CheckResult
 
@@ -31,7 +32,7 @@ STATUSES = ("PASS", "FAIL", "FINDING", "ERROR")
 FIGURE_DPI = 110
 FIGURE_FORMATS = ("png", "pdf", "svg")  # PNG is always drawn (the reports embed it); PDF and SVG for a paper
 GLANCE_WIDTH = 240  # characters of a registered finding shown in the at-a-glance list
-ROUND_OFF_ZERO = 1e-12  # a headline value this close to 0 is shown as 0 with its size: float64 round-off of O(1)
+ROUND_OFF_ZERO = ROUND_OFF  # a headline value this close to 0 is shown as 0 with its size: float64 round-off of O(1)
 DERIVATION = re.compile(r"docs/(?P<system>[a-z][a-z0-9_]*)\.md,?\s+§(?P<section>\d+(?:\.\d+)*)")
 
 

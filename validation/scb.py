@@ -24,7 +24,7 @@ from .stats import Z_TOLERANCE, two_sided_p, z_basis
 
 PAPER = "Ren, Wang & Lee, NeurIPS 2024 (arXiv:2410.23438)"
 ETA = dyn.ETA  # normalised step of docs/scb.md §11
-ROUND_OFF = 1e-12
+from attnflow.closed_forms.certificates import ROUND_OFF
 BOOTSTRAP_LEVEL = 0.95  # the level of fit_exponent's intervals used below (its default)
 # Two-sided level of the delta-method t intervals of the seed-mean exponents (stats.fit_exponent_t): a nominal
 # false-FAIL rate of 1e-3, small enough for a 200-seed calibration to resolve (one at 5% exceeds its own rate in
