@@ -9,6 +9,7 @@ snake_case id, is an ERROR, never a silent PASS).
 """
 from __future__ import annotations
 
+import enum
 import inspect
 import math
 import re
@@ -21,7 +22,7 @@ import numpy as np
 
 from attnflow import seeding
 
-__all__ = ["Outcome", "CheckResult", "Claim", "claim", "run_claim", "ScalingLaw", "Observable", "observable",
+__all__ = ["Outcome", "Status", "CheckResult", "Claim", "claim", "run_claim", "ScalingLaw", "Observable", "observable",
            "registered_claims", "registered_observables", "to_jsonable", "STABLE_ID", "TIERS"]
 
 TIERS = ("core", "deep")  # which suite a claim belongs to; `attnflow check` runs "core" unless --tier says otherwise
@@ -29,6 +30,40 @@ STABLE_ID = re.compile(r"^[a-z][a-z0-9_]*$")  # a measured/predicted key: what J
 
 _REGISTRY: dict[str, "Claim"] = {}
 _OBSERVABLES: dict[str, "Observable"] = {}
+
+
+class Status(str, enum.Enum):
+    """A claim's verdict. A member equals its name as text (records, JSON and the command line keep "PASS") and
+    carries what it means (``Status.FINDING.meaning``)."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    FINDING = "FINDING"
+    ERROR = "ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def meaning(self) -> str:
+        return _STATUS_MEANINGS[self]
+
+    @property
+    def as_registered(self) -> bool:
+        """The outcome the claim registers: PASS, or its registered FINDING reproduced."""
+        return self in (Status.PASS, Status.FINDING)
+
+
+_STATUS_MEANINGS = {
+    Status.PASS: "the paper's statement held as checked, within the stated tolerance",
+    Status.FAIL: "the statement did not hold (or a registered finding did not reproduce): a chance failure at the "
+                 "nominal rate, or a defect to look at",
+    Status.FINDING: "a registered finding reproduced: the paper's statement is known not to hold as stated",
+    Status.ERROR: "no verdict: the claim raised, or its outcome was malformed (non-finite, unnamed, no tolerance)",
+}
 
 
 @dataclass
@@ -48,18 +83,31 @@ class Outcome:
         statistical basis). None when no chance failure is allowed: an identity to round-off or solver tolerance,
         or a threshold the theorem says holds on every instance; a calibration (docs/calibration.md) then counts
         any failure against a rate of 0.
+    rule : a :class:`attnflow.validation.rules.Rule`, which gives ``passed``, ``tolerance``, ``basis`` and
+        ``false_fail_rate`` from the same numbers (then none of the four is given by hand).
     """
 
     measured: dict
     predicted: dict
-    tolerance: str
-    basis: str
-    passed: bool
+    tolerance: str = ""
+    basis: str = ""
+    passed: bool | None = None
     details: list = field(default_factory=list)
     figure: Callable | None = None
     notes: str = ""
     labels: dict = field(default_factory=dict)
     false_fail_rate: float | None = None
+    rule: object = None
+
+    def __post_init__(self):
+        if self.rule is not None:
+            if self.passed is not None or self.tolerance or self.basis or self.false_fail_rate is not None:
+                raise ValueError("an Outcome with a rule takes its verdict, tolerance, basis and false-FAIL rate from "
+                                 "the rule: give none of them by hand")
+            self.passed, self.tolerance = self.rule.passed, self.rule.tolerance
+            self.basis, self.false_fail_rate = self.rule.basis, self.rule.false_fail_rate
+        elif self.passed is None:
+            raise ValueError("an Outcome needs a rule, or passed with its tolerance and basis")
 
 
 @dataclass
@@ -68,7 +116,7 @@ class CheckResult:
     system: str
     reference: str
     statement: str
-    status: str  # "PASS", "FAIL", "FINDING" or "ERROR"
+    status: str  # a Status (equal to its text: "PASS", "FAIL", "FINDING" or "ERROR")
     measured: dict
     predicted: dict
     tolerance: str
@@ -86,12 +134,12 @@ class CheckResult:
     @property
     def passed(self) -> bool:
         """The paper's statement held as checked."""
-        return self.status == "PASS"
+        return self.status == Status.PASS
 
     @property
     def as_registered(self) -> bool:
         """The outcome is the registered one: PASS, or the registered FINDING reproduced."""
-        return self.status in ("PASS", "FINDING")
+        return Status(self.status).as_registered
 
     def to_dict(self) -> dict:
         """JSON-ready: the documented, stable schema of ``attnflow check --json`` (docs/cli.md)."""
@@ -300,27 +348,27 @@ def run_claim(c: Claim, *, seed: seeding.SeedLike, full: bool = False, **overrid
     except Exception as error:  # a claim that crashes is reported, not hidden, and the others still run
         if _caused_by_interrupt(error):  # Ctrl-C inside a compiled kernel surfaces as SystemError: stop, as asked
             raise KeyboardInterrupt from error
-        return CheckResult(**common, status="ERROR", measured={}, predicted={}, tolerance="", basis="",
+        return CheckResult(**common, status=Status.ERROR, measured={}, predicted={}, tolerance="", basis="",
                            details=[], notes=f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}",
                            seconds=time.perf_counter() - started)
-    status = "PASS" if outcome.passed else "FAIL"
+    status = Status.PASS if outcome.passed else Status.FAIL
     notes = outcome.notes
     if c.finding:
-        status = "FAIL" if outcome.passed else "FINDING"
+        status = Status.FAIL if outcome.passed else Status.FINDING
         if outcome.passed:
             notes = (notes + " " if notes else "") + ("The registered finding did not reproduce: the paper's "
                                                       f"statement held this time. Finding: {c.finding}")
     if (outcome.measured or outcome.predicted) and not (str(outcome.tolerance).strip() and str(outcome.basis).strip()):
-        status = "ERROR"
+        status = Status.ERROR
         notes = (notes + " " if notes else "") + ("A verdict needs its tolerance and its basis; this outcome "
                                                   "leaves one of them empty.")
     if not (_all_finite(outcome.measured) and _all_finite(outcome.predicted)):
-        status = "ERROR"
+        status = Status.ERROR
         notes = (notes + " " if notes else "") + "A measured or predicted value is not finite."
     unstable = [key for key in dict.fromkeys((*outcome.measured, *outcome.predicted))
                 if not (isinstance(key, str) and STABLE_ID.fullmatch(key))]
     if unstable:  # the values stay, so the numbers are not lost; the verdict cannot stand on unnamed keys
-        status = "ERROR"
+        status = Status.ERROR
         notes = (notes + " " if notes else "") + ("Measured/predicted keys must be snake_case ids "
                                                   f"(^[a-z][a-z0-9_]*$, labels go in Outcome.labels): {unstable!r}.")
     return CheckResult(**common, status=status, measured=outcome.measured, predicted=outcome.predicted,

@@ -12,17 +12,21 @@ from matplotlib.ticker import NullFormatter
 from scipy.special import logsumexp
 
 from attnflow.closed_forms import random_walk as cf
+from attnflow.closed_forms.certificates import ACCUMULATED_ROUND_OFF as ROUND_OFF
 from attnflow.closed_forms.random_walk import RandomWalkProblem
 from attnflow.dynamics import random_walk as dyn
 
-from . import plots
+from . import plots, rules
 from .claims import Outcome, claim
+from .rules import all_of
 from .systems import System
-from .stats import Z_TOLERANCE, fit_power_law, two_sided_p, z_basis
+from .stats import Z_TOLERANCE, fit_power_law
 
 PAPER = "Shi & Cao, NeurIPS 2025 (arXiv:2511.23239)"
-# Round-off: the reduced map and the full model agree to ~1e-15 (docs/random_walk.md §4); allow 1e-9 relative.
-from attnflow.closed_forms.certificates import ACCUMULATED_ROUND_OFF as ROUND_OFF
+# ROUND_OFF: the reduced map and the full model agree to ~1e-15 (docs/random_walk.md §4); allow 1e-9 relative.
+EXACT_BOTH_WAYS = "both computations are exact expectations (enumeration), so only floating-point round-off separates them"
+ENUMERATED = "deterministic: exact expectations by enumerating all step paths"
+ESCAPE_BASIS = "deterministic given the seeds (exact population gradient); a linear instability predicts log(1/σ₀)"
 
 
 def _p_id(prefix: str, p: float) -> str:
@@ -65,10 +69,12 @@ def reduced_equals_full_gd(seed, K, N, M, eta, steps, ps):
                 "max_attention_difference": "max |S_full − softmax(z)|"},
         notes="No figure: an exact identity between two computations of the same expectation, whose only difference "
               "is float64 round-off (the details list it per p).",
-        tolerance=f"both below {ROUND_OFF:g} over {steps} steps ({min(steps, ridge_steps)} at p ∈ {{0, 1}}, "
-                  "where the ridge's instability amplifies round-off)",
-        basis="both computations are exact expectations (enumeration), so only floating-point round-off separates them",
-        passed=worst_V < ROUND_OFF and worst_S < ROUND_OFF, details=rows)
+        rule=all_of(*(rules.round_off(value, ROUND_OFF, what=f"{what} over {steps} steps ({min(steps, ridge_steps)} at "
+                                                          "p ∈ {0, 1}, where the ridge's instability amplifies round-off)",
+                                      basis=EXACT_BOTH_WAYS)
+                      for value, what in ((worst_V, "max relative |V_full − circ(v)|"),
+                                          (worst_S, "max |S_full − softmax(z)|")))),
+        details=rows)
 
 
 def _log_non_parent_mass(z: np.ndarray, N: int) -> float:
@@ -116,9 +122,12 @@ def parent_attention(seed, K, Ns, m0, p):
         predicted={"log_gap_slope": "< 0 (exp(−cN))", "min_parent_attention": "→ 1"},
         labels={"log_gap_slope": "slope of log(1 − S_{N−1}) on N", "max_relative_residual": "max residual / range",
                 "min_parent_attention": "min S_{N−1} at step 2"},
-        tolerance="slope < 0, linear to 5% of the range (max residual), and S_{N−1} > 0.99 at step 2 for every N",
-        basis="deterministic: exact expectations by enumerating all step paths",
-        passed=bool(slope < 0 and residual < 0.05 and all(r["S_parent_step2"] > 0.99 for r in rows)), details=rows,
+        rule=all_of(rules.at_most(slope, 0.0, strict=True, what="slope of log(1 − S_{N−1}) on N", basis=ENUMERATED),
+                    rules.at_most(residual, 0.05, strict=True, what="max residual of the linear fit / range",
+                                  basis=ENUMERATED),
+                    rules.at_least([r["S_parent_step2"] for r in rows], 0.99, strict=True,
+                                   what="S_{N−1} at step 2 for every N", basis=ENUMERATED)),
+        details=rows,
         figure=figure,
         notes="At a fixed M = 1000, log(1 − S_{N−1}) rises with N (e.g. "
               f"{rows[0]['log_one_minus_S_step2_fixed_M']:.0f} at N = {rows[0]['N']}, "
@@ -159,7 +168,18 @@ def optimal_accuracy(seed, K, N, ps, steps, mc):
         r["passed"] = (abs(r["accuracy"] - r["optimal"]) < ROUND_OFF and abs(r["min_late_accuracy"] - r["optimal"]) < ROUND_OFF
                        if exact else abs(r["accuracy"] - r["optimal"]) < Z_TOLERANCE * r["standard_error"])
         r["id"] = _p_id("accuracy", r["p"]) + ("_exact" if exact else "_monte_carlo")
-    n_sampled = sum(r["standard_error"] > 0 for r in rows)
+    exact_rows = [r for r in rows if r["standard_error"] == 0.0]
+    sampled_rows = [r for r in rows if r["standard_error"] > 0.0]
+    parts = []
+    if exact_rows:
+        parts.append(rules.round_off([max(abs(r["accuracy"] - r["optimal"]), abs(r["min_late_accuracy"] - r["optimal"]))
+                                      for r in exact_rows], ROUND_OFF,
+                                     what="exact enumeration: |accuracy − max(p, 1−p)| at the end and at every record "
+                                          "from step 3", basis="exact expectations"))
+    if sampled_rows:
+        parts.append(rules.z_test([(r["accuracy"] - r["optimal"]) / r["standard_error"] for r in sampled_rows],
+                                  what="Monte-Carlo paths: held-out accuracy against max(p, 1−p)",
+                                  errors="binomial standard errors of the held-out accuracy"))
 
     def figure():
         fig, ax = plots.figure(width=6.6)
@@ -182,12 +202,7 @@ def optimal_accuracy(seed, K, N, ps, steps, mc):
         measured={r["id"]: r["accuracy"] for r in rows},
         predicted={r["id"]: max(r["p"], 1 - r["p"]) for r in rows},
         labels={r["id"]: f"accuracy at p={r['p']:g}, {r['config']} / max(p, 1−p)" for r in rows},
-        false_fail_rate=n_sampled * two_sided_p(Z_TOLERANCE) if n_sampled else None,
-        figure=figure,
-        tolerance=f"exact enumeration: equal to round-off ({ROUND_OFF:g}) at the end and at every record from step 3; "
-                  f"Monte-Carlo paths: within {Z_TOLERANCE:g} binomial standard errors",
-        basis="exact expectations; " + z_basis(what="binomial standard errors of the held-out accuracy"),
-        passed=all(r["passed"] for r in rows), details=rows)
+        figure=figure, rule=all_of(*parts), details=rows)
 
 
 @claim(
@@ -219,9 +234,15 @@ def failure_theorem(seed, K, r, steps):
     control_run = dyn.reduced_trajectory(control, cf.enumerate_paths(control), min(steps, 50), n_records=5)
     control_accuracy = float(control_run.metrics["accuracy"][-1])
     accuracies[f"control $p = 1$, $N = {control.N}$"] = (control_run.times, control_run.metrics["accuracy"])
-    failure_holds = all(row["max_accuracy_deviation"] < ROUND_OFF and row["max_v_spread"] < ROUND_OFF
-                        and row["max_attention_spread"] < ROUND_OFF and row["closure_difference"] < ROUND_OFF
-                        for row in rows)
+    ridge = "deterministic: exact expectations (the only path has probability 1), so only round-off is allowed"
+    rule = all_of(*(rules.round_off([row[key] for row in rows], ROUND_OFF, what=f"{what} at every step ≤ {steps}",
+                                    basis=ridge)
+                    for key, what in (("max_accuracy_deviation", "|accuracy − 1/K|"),
+                                      ("max_v_spread", "relative spread of v"),
+                                      ("max_attention_spread", "spread of the token logits"),
+                                      ("closure_difference", "closure vs reduced map"))),
+                  rules.at_least(control_accuracy, 1 - ROUND_OFF, strict=True, what=f"control N = {control.N}: accuracy",
+                                 basis=ridge))
     def figure():
         fig, ax = plots.figure(width=6.6)
         for (label, (t, accuracy)), marker, size in zip(accuracies.items(), "osD", (7, 3, 4)):
@@ -249,9 +270,7 @@ def failure_theorem(seed, K, r, steps):
                 "control_accuracy": f"control N = {control.N}: accuracy", "ridge_accuracy": "accuracy",
                 "spread": "spreads"},
         figure=figure,
-        tolerance=f"every deviation below {ROUND_OFF:g} at every step ≤ {steps}; the control above 1 − {ROUND_OFF:g}",
-        basis="deterministic: exact expectations (the only path has probability 1), so only round-off is allowed",
-        passed=bool(failure_holds and control_accuracy > 1 - ROUND_OFF), details=rows,
+        rule=rule, details=rows,
         notes="The ridge is invariant but unstable: the full model in float64 leaves it after ~10 steps from round-off "
               "alone (see random_walk.ridge_escape); the reduced map keeps the symmetry exactly.")
 
@@ -281,9 +300,11 @@ def direction_rows(K, N, ps, checkpoints):
 RATE_BASIS = "deterministic (exact enumeration); the tolerance is the O(ε/v) pre-asymptotic correction to the rate"
 
 
-def _rate_tolerance(rows) -> str:
-    return ("|exponent + 1/2| ≤ ε/min v[±1] at the first checkpoint ("
-            + ", ".join(f"{r['tolerance']:.3f} at p={r['p']:g}" for r in rows) + ")")
+def _rate_rule(rows, key: str) -> rules.Rule:
+    """The fitted exponent ``key`` of each row within that row's O(ε/v) correction of −1/2."""
+    return rules.exponent([r[key] for r in rows], -0.5, [r["tolerance"] for r in rows],
+                          what="fitted exponent at p = " + ", ".join(f"{r['p']:g}" for r in rows),
+                          basis=RATE_BASIS + " (ε/min v[±1] at the first checkpoint, per p)")
 
 
 def direction_figure(rows, key, title):
@@ -330,8 +351,7 @@ def value_direction(seed, K, N, ps, checkpoints):
         labels={_p_id("exponent", r["p"]): f"exponent at p={r['p']:g}" for r in rows}
         | {_p_id("final_error", r["p"]): f"final error at p={r['p']:g}" for r in rows}
         | {_p_id("sqrt_law_plateau", r["p"]): f"√-law plateau at p={r['p']:g}" for r in rows},
-        tolerance=_rate_tolerance(rows) + " for every p", basis=RATE_BASIS,
-        passed=not failing, details=rows,
+        rule=_rate_rule(rows, "claim3_exponent"), details=rows,
         figure=direction_figure(rows, "claim3_errors", r"Claim 3: distance to the $\Pi^\top$ direction"),
         notes=("FAILS for p ≠ ½, as docs/random_walk.md §6 predicts: once the attention is one-hot, v[1]/v[−1] → √(p/(1−p)) "
                "(measured " + ", ".join(f"{r['v_ratio']:.3f} vs √ {r['sqrt_ratio']:.3f} and p/(1−p) {r['claim3_ratio']:.3f} "
@@ -355,8 +375,7 @@ def sqrt_law_direction(seed, K, N, ps, checkpoints):
         measured={_p_id("exponent", r["p"]): r["sqrt_law_exponent"] for r in rows},
         predicted={_p_id("exponent", r["p"]): -0.5 for r in rows},
         labels={_p_id("exponent", r["p"]): f"exponent at p={r['p']:g}" for r in rows},
-        tolerance=_rate_tolerance(rows), basis=RATE_BASIS,
-        passed=all(r["passed"] for r in rows), details=rows,
+        rule=_rate_rule(rows, "sqrt_law_exponent"), details=rows,
         figure=direction_figure(rows, "sqrt_law_errors", r"Distance to the $\sqrt{p}$-law direction"))
 
 
@@ -413,9 +432,12 @@ def ridge_escape(seed, K, r, M, scales, steps):
         predicted={"escape_steps": "a + b·log10(1/σ₀), b > 0"},
         labels={"escape_steps": "escape steps", "steps_per_decade": "steps per decade of σ₀",
                 "zero_init_escape_step": "zero init escape step (round-off)"},
-        tolerance=f"every random init escapes within {steps} steps, escape steps non-increasing in σ₀ and b > 0",
-        basis="deterministic given the seeds (exact population gradient); a linear instability predicts log(1/σ₀)",
-        passed=bool(escaped and monotone and fit is not None and fit[0] < 0), details=rows, figure=figure,
+        rule=all_of(rules.condition(escaped, f"every random init escapes within {steps} steps", basis=ESCAPE_BASIS),
+                    rules.condition(monotone, "escape steps non-increasing in σ₀", basis=ESCAPE_BASIS),
+                    rules.condition(fit is not None and fit[0] < 0, "b > 0"
+                                    + (f" (fitted b = {-fit[0]:.3g})" if fit is not None else " (no fit: a run did not escape)"),
+                                    basis=ESCAPE_BASIS)),
+        details=rows, figure=figure,
         notes="Zero init is exactly on the ridge; any escape there comes from float64 round-off (~1e-16) amplified "
               "by the instability. The accuracies after escape show training then succeeds (docs/random_walk.md §7).")
 

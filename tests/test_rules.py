@@ -1,0 +1,78 @@
+"""Verdict rules: the decision, the sentence and the nominal false-FAIL rate come from the same numbers."""
+import json
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from attnflow.validation import rules
+from attnflow.validation.claims import Outcome, Status
+from attnflow.validation.stats import two_sided_p
+
+
+def test_each_rule_decides_at_its_boundary_as_its_sentence_says():
+    assert rules.round_off(1e-13, 1e-12, what="gap", basis="b").passed
+    assert not rules.round_off([1e-13, 1e-12], 1e-12, what="gap", basis="b").passed  # strict: at the level fails
+    assert rules.at_most(0.05, 0.05, what="r", basis="b").passed
+    assert not rules.at_most(0.05, 0.05, what="r", basis="b", strict=True).passed
+    assert rules.at_least([0.99, 1.0], 0.99, what="s", basis="b").passed
+    assert not rules.at_least([0.99, 1.0], 0.99, what="s", basis="b", strict=True).passed
+    assert rules.exponent([-0.495, -0.515], -0.5, [0.01, 0.02], what="slope", basis="b").passed
+    assert not rules.exponent([-0.495, -0.53], -0.5, [0.01, 0.02], what="slope", basis="b").passed
+    assert rules.z_test([3.9, -3.9], what="mean").passed and not rules.z_test([4.0], what="mean").passed
+    assert rules.z_test([-9.0], what="excess", one_sided=True).passed
+    assert not rules.z_test([4.1], what="excess", one_sided=True).passed
+    assert rules.at_most(1.0, 2.0, what="gap", basis="b").tolerance == "gap ≤ 2"
+    assert rules.round_off(0.0, 1e-9, what="gap", basis="b").tolerance == "gap < 1e-09"
+    assert rules.exponent(-0.5, -0.5, 0.05, what="slope", basis="b").tolerance == "|slope + 0.5| ≤ 0.05"
+
+
+def test_rates_come_from_the_same_k_and_count():
+    rule = rules.z_test(np.zeros(3), what="three means", k=3.0)
+    assert rule.false_fail_rate == pytest.approx(3 * two_sided_p(3.0))
+    assert "each of 3 comparisons" in rule.tolerance and "3 Monte-Carlo standard errors" in rule.basis
+    one_sided = rules.z_test(0.0, what="excess", k=3.0, one_sided=True)
+    assert one_sided.false_fail_rate == pytest.approx(scipy_stats.norm.sf(3.0))
+    t = rules.t_test([0.0, 0.0], 9, what="seed-means", k=4.0)
+    assert t.false_fail_rate == pytest.approx(2 * 2 * scipy_stats.t.sf(4.0, 9))
+    assert rules.round_off(0.0, 1e-12, what="x", basis="b").false_fail_rate is None
+
+
+def test_the_nominal_rate_of_a_z_test_is_its_failure_rate_when_the_theory_holds():
+    """Draw z from the null (standard normal) in many trials: the fraction of FAILs matches the stated rate
+    within 4 binomial standard errors (k = 2 keeps the rate measurable: 4.6% per comparison, 3 comparisons)."""
+    rng = np.random.default_rng(20261128)
+    trials = 20_000
+    failures = sum(not rules.z_test(rng.standard_normal(3), what="null", k=2.0).passed for _ in range(trials))
+    exact = 1 - (1 - two_sided_p(2.0)) ** 3  # independent comparisons: the union bound is close above it
+    assert rules.z_test(np.zeros(3), what="null", k=2.0).false_fail_rate >= exact
+    se = np.sqrt(exact * (1 - exact) / trials)
+    assert abs(failures / trials - exact) < 4 * se
+
+
+def test_all_of_joins_decisions_sentences_bases_and_rates():
+    exact = rules.round_off(0.0, 1e-12, what="identity", basis="exact")
+    sampled = rules.z_test([1.0, 5.0], what="means")
+    joined = rules.all_of(exact, sampled)
+    assert not joined.passed and joined.tolerance == f"{exact.tolerance}; {sampled.tolerance}"
+    assert joined.basis == f"exact; {sampled.basis}" and joined.false_fail_rate == sampled.false_fail_rate
+    assert (exact & exact).basis == "exact" and (exact & exact).false_fail_rate is None
+    with pytest.raises(ValueError, match="at least one rule"):
+        rules.all_of()
+
+
+def test_an_outcome_takes_its_verdict_from_its_rule_or_by_hand_never_both():
+    rule = rules.z_test(1.0, what="mean")
+    outcome = Outcome({"z": 1.0}, {"z": 0.0}, rule=rule)
+    assert (outcome.passed, outcome.tolerance, outcome.basis, outcome.false_fail_rate) == (
+        rule.passed, rule.tolerance, rule.basis, rule.false_fail_rate)
+    with pytest.raises(ValueError, match="give none of them by hand"):
+        Outcome({"z": 1.0}, {"z": 0.0}, passed=True, rule=rule)
+    with pytest.raises(ValueError, match="needs a rule"):
+        Outcome({"z": 1.0}, {"z": 0.0}, tolerance="|z| < 4", basis="4 SE")
+
+
+def test_statuses_are_their_text_and_carry_their_meaning():
+    assert Status.PASS == "PASS" and f"{Status.FINDING}" == "FINDING" and json.dumps([Status.ERROR]) == '["ERROR"]'
+    assert Status("FAIL") is Status.FAIL and Status.FINDING.as_registered and not Status.FAIL.as_registered
+    assert all(status.meaning for status in Status)
