@@ -8,6 +8,8 @@ stay the stated bounds. Adding a function is one line: ``domain(module.function,
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from attnflow.closed_forms import ccmc as ccmc_cf
@@ -460,7 +462,8 @@ DOMAINS = [
     domain(scb.reduced_noise, real("alpha_V"), real("alpha_Q"), build=_contexts,
            draws={"alpha_V": (-2, 2), "alpha_Q": (-2, 2)}),
     domain(scb.stage1_noise_band, real("eta", 0, None, strict=True), integer("batch", 1, scb.MAX_STAGE_BATCH),
-           integer("steps", 1, MAX_STEPS), build=_contexts, draws=_cheap(), raises=OUTCOMES),
+           integer("steps", 1, MAX_STEPS), build=_contexts, draws=_cheap(), raises=OUTCOMES,
+           accepts={"batch": (math.inf,)}),
     domain(scb.offline_errors, build=_scb_run),
     domain(scb.population, *scb.POPULATION_OPTIONS, draws=_cheap(), raises=OUTCOMES),
     domain(scb.minibatch, *scb.MINIBATCH_OPTIONS, draws=_cheap(), raises=OUTCOMES),

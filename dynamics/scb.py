@@ -705,11 +705,13 @@ def stage1_noise_band(problem: SCBProblem, eta: float, batch: int, steps: int, c
         e_V⁺ = (1 − η_V a)²e_V + (η_V²/B)E‖ξ_V⊥‖²_μ,   e_Q⁺ = (1 − η_Q A_V)²e_Q + (η_Q²/B)E‖ξ_Q⊥‖²_μ,
         C⁺ = J C Jᵀ + (1/B)·diag(η_V, η_Q)·Cov(n_V/K_P, n_Q/K_Q)·diag(η_V, η_Q),
 
-    J the Jacobian of the (α_V, α_Q) part of the closure map. The noise is evaluated on the line at the mean α."""
+    J the Jacobian of the (α_V, α_Q) part of the closure map. The noise is evaluated on the line at the mean α.
+    ``batch = math.inf`` is the noiseless limit: the line map itself, with C = e_V = e_Q = 0."""
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
-    batch = check.integer(batch, "batch", minimum=1)
-    if batch > MAX_STAGE_BATCH:
-        raise ValueError(f"batch must be <= {MAX_STAGE_BATCH}, got {batch}")
+    if not (isinstance(batch, float) and batch == math.inf):
+        batch = check.integer(batch, "batch", minimum=1)
+        if batch > MAX_STAGE_BATCH:
+            raise ValueError(f"batch must be <= {MAX_STAGE_BATCH} (or math.inf, the noiseless limit), got {batch}")
     steps = check.integer(steps, "steps", minimum=1)
     if steps > MAX_STEPS:
         raise ValueError(f"steps must be <= {MAX_STEPS:.0e}, got {steps}")

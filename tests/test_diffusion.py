@@ -1,5 +1,7 @@
 """The diffusion tier (docs/diffusion.md): the LNA recursion, the Gaussian-noise sampler, and GD-β's gradient-noise
 covariance (docs/gd_beta.md §12) against brute force."""
+import math
+
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
@@ -232,7 +234,7 @@ def test_scb_band_without_noise_is_the_population_line_map_and_errors_follow_pyt
     a run's off-line errors from its records equal reduced_coordinates on its final state."""
     problem = SCBProblem.random(5, 8, 2, seed=3)
     contexts = scb_dyn.context_sample(problem, 320, seed=0)
-    band = scb_dyn.stage1_noise_band(problem, 0.25, 10**15, 12, contexts, record_every=1)
+    band = scb_dyn.stage1_noise_band(problem, 0.25, math.inf, 12, contexts, record_every=1)
     line = scb_dyn.line_trajectory(problem, 0.25 / problem.K_Q, 0.25 / problem.K_P, 12)
     np.testing.assert_allclose(band.alpha, line.states["alpha"], rtol=1e-10, atol=1e-14)
     assert band.e_V.max() < 1e-12 and band.e_Q.max() < 1e-12

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnflow.validation import calibration, cli, systems
+from attnflow.validation import calibration, cli, report, systems
 
 from .conftest import plugin_environment
 from .printed_numbers import same_printed_numbers
@@ -343,6 +343,10 @@ def test_the_slug_is_githubs():
     assert _slug("12. Findings — what fails") == "12-findings--what-fails"
     assert _slug("4. W = diag(ξ₁I_d, 0, ξ₂)") == "4-w--diagξi_d-0-ξ"
     assert _slug("Speed [derived]: 10⁻³ and ½") == "speed-derived-10-and-"
+    # the report's copies of these pages give their headings the same anchors
+    headings = [m.group(0).lstrip("#").strip() for page in DOCS.glob("*.md")
+                for m in HEADING.finditer(FENCE.sub("", page.read_text(encoding="utf-8")))]
+    assert [report.heading_anchor(h) for h in headings] == [_slug(h) for h in headings]
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if p.name not in GENERATED], ids=lambda p: p.name)

@@ -104,6 +104,7 @@ def test_the_front_door():
 CITATION = re.compile(r"docs/(?P<doc>[a-z0-9_]+)\.md,?\s+§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
 BARE_CITATION = re.compile(r"(?<!md )(?<!md, )§(?P<first>\d+(?:\.\d+)*)(?:\s*[–-]\s*(?:§)?(?P<last>\d+(?:\.\d+)*))?")
 HEADING = re.compile(r"^#{2,4}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
+LINKED_CITATION = re.compile(r"\[§(?P<first>\d+(?:\.\d+)*)\]\((?P<doc>[a-z0-9_]+)\.md#[^)]*\)")  # [§k](page.md#…)
 
 
 def _sections(doc: Path) -> set[str]:
@@ -118,6 +119,8 @@ def test_every_section_cited_exists():
         text = _text(path)
         cited = [(m.group("doc"), m.group("first"), m.group("last")) for m in CITATION.finditer(text)]
         if path.parent.name == "docs" and path.suffix == ".md":
+            cited += [(m.group("doc"), m.group("first"), None) for m in LINKED_CITATION.finditer(text)]
+            text = LINKED_CITATION.sub("", text)  # a link to another page cites that page, not this one
             cited += [(path.stem, m.group("first"), m.group("last")) for m in BARE_CITATION.finditer(text)]
         for doc, *numbers in cited:
             sections = _sections(ROOT / "docs" / f"{doc}.md")

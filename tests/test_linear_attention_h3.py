@@ -394,7 +394,7 @@ def test_from_params_parses_text_and_refuses_bad_values():
 
 def test_training_refuses_bad_options_and_reports_divergence():
     problem = cf.golden_setting_a()
-    with pytest.raises(ValueError, match="model must be one of"):
+    with pytest.raises(ValueError, match="must be one of"):
         dyn.train(problem, "mamba", seed=0, steps=2)
     with pytest.raises(ValueError, match="W0 must be given"):
         dyn.train(problem, "lora", seed=0, steps=2)

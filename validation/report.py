@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+import unicodedata
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -209,10 +210,13 @@ def derivation_text(page: str, section: str, docs: Path = DOCS) -> str | None:
 
 
 def heading_anchor(heading: str) -> str:
-    """The anchor a Markdown renderer gives a heading (GitHub's rule: lower case, punctuation but ``-`` and ``_``
-    dropped, spaces to ``-``): ``### 8.4 Fixed points`` → ``84-fixed-points``."""
-    text = re.sub(r"^#+\s*", "", heading).strip().lower()
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+    """The anchor a Markdown renderer gives a heading (GitHub's rule: a link's text kept, lower case, letters,
+    marks, decimal digits, ``-``, ``_`` and spaces kept — so sub/superscript digits go — and spaces to ``-``):
+    ``### 8.4 Fixed points`` → ``84-fixed-points``, so the docs' own links work in the report's copy."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", re.sub(r"^#+\s*", "", heading)).strip().lower()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LM"
+                   or unicodedata.category(c) in ("Nd", "Nl", "Pc"))
+    return kept.replace(" ", "-")
 
 
 def derivation_href(page: str, section: str, docs: Path = DOCS) -> str:
