@@ -30,12 +30,11 @@ OUTCOMES = (errors.DivergenceError, errors.StageFailure, errors.BudgetExceeded)
 # Named refusals inside the records' bounds: a flow time whose first record t_end·1e-4 underflows, a learning rate
 # whose cosine decay underflows to a zero step, a minibatch loss before the first minibatch (documented NaN).
 TINY_T_END, TINY_LR, NO_BATCH_YET = ("t_end must be >= 1e-300",), ("learning_rates must be",), ("['batch_loss']",)
-NTP_ZERO_CORRELATION = ("1 − corr with W^svm, W^fin is NaN where the reference is zero (no cycle, or W = 0 at a tiny "
-                        "initialisation): the metrics take corr of a zero array")
-NN_FLOW_LEAVES_DOMAIN = ("the reduced flow can cross ξ₁ = 0, where the reduced loss refuses ξ₁ < 0 (N = 1, σ = 0), "
-                         "and a tiny η makes dt underflow to 0 (a ValueError naming dt, not eta)")
-SCB_NAN_METRICS = ("the recorded loss and dist_Q_normalised of a stage hold NaN at N = 2, T = 2, sparsity = 1 "
-                   "(not yet traced)")
+# 1 − corr(W, ·) is undefined (NaN, as ntp.metrics documents) where W^svm = 0 or the compared W is 0
+NTP_DIRECTIONAL = ("one_minus_corr",)
+# Undefined by design (scb.run_stage documents it): the loss at a stage's last record, and dist_Q_normalised where
+# the Stage-3 normalisation is undefined (α_Q <= 0 at Q₀, or a column it would empty)
+SCB_UNDEFINED = ("['loss']", "['dist_Q_normalised']")
 NO_PERPENDICULAR = ("['c_perp']",)  # group_sparse's c_perp: no direction ⊥ v* at d = 1 (documented NaN)
 
 # The largest values drawn of the run-length options: the cost of a call, not its domain.
@@ -368,11 +367,9 @@ DOMAINS = [
     domain(ntp.train_general_head, real("eta", 0, strict=True), integer("steps", 1, ntp.MAX_STEPS),
            integer("records", 2, 2000), draws=_cheap(), raises=OUTCOMES),
     domain(ntp.reference),
-    domain(ntp.metrics, system="next_token_scc", build=_ntp_reference, known={"inside": NTP_ZERO_CORRELATION}),
-    domain(ntp.population, *ntp.POPULATION_OPTIONS, draws=_cheap(), raises=OUTCOMES,
-           known={"inside": NTP_ZERO_CORRELATION}),
-    domain(ntp.minibatch, *ntp.MINIBATCH_OPTIONS, draws=_cheap(), raises=OUTCOMES,
-           known={"inside": NTP_ZERO_CORRELATION}),
+    domain(ntp.metrics, system="next_token_scc", build=_ntp_reference, undefined=NTP_DIRECTIONAL),
+    domain(ntp.population, *ntp.POPULATION_OPTIONS, draws=_cheap(), raises=OUTCOMES, undefined=NTP_DIRECTIONAL),
+    domain(ntp.minibatch, *ntp.MINIBATCH_OPTIONS, draws=_cheap(), raises=OUTCOMES, undefined=NTP_DIRECTIONAL),
     # one_nn (docs/one_nn.md)
     domain(one_nn.sample_prompts, integer("n", 1, 10**7), draws=_cheap()),
     domain(one_nn.token_matrices, build=_nn_prompts),
@@ -387,7 +384,7 @@ DOMAINS = [
            fixed={"resolution": nn_cf.Resolution(31, 2.0, 0.5)}),
     domain(one_nn.flow_trajectory, real("eta", 0, None, strict=True), integer("steps", 1, MAX_STEPS),
            integer("n_records", 2, montecarlo.MAX_RECORDS), draws=_cheap(), raises=OUTCOMES,
-           fixed={"resolution": nn_cf.Resolution(31, 2.0, 0.5)}, known={"inside": NN_FLOW_LEAVES_DOMAIN}),
+           fixed={"resolution": nn_cf.Resolution(31, 2.0, 0.5)}, refusals=("is too small: the flow's time step",)),
     domain(one_nn.full_gd_trajectory, real("eta", 0, None, strict=True), integer("steps", 1, MAX_STEPS),
            integer("batch_size", 1, montecarlo.MAX_BATCH), integer("n_records", 2, montecarlo.MAX_RECORDS), draws=_cheap(),
            raises=OUTCOMES),
@@ -437,25 +434,25 @@ DOMAINS = [
     domain(scb.normalised_flow, real("epsilon", 0), system=None, raises=OUTCOMES, draws={"epsilon": 1},
            build=lambda p, rng: {"x0": np.array([0.1, 0.1]), "taus": np.linspace(0.0, 2.0, 4)}),
     domain(scb.run_stage, build=lambda p, rng: {**_stage(p, rng), "start": p.initial_point()}, raises=OUTCOMES,
-           known={"inside": SCB_NAN_METRICS}),
+           undefined=SCB_UNDEFINED),
     domain(scb.rounding_threshold, real("alpha_Q"), real("C", 1), draws={"alpha_Q": (-10, 10), "C": 10}),
     domain(scb.rounding_finds_supports, real("alpha_Q"), real("C", 1), draws={"alpha_Q": (-10, 10), "C": 10}),
     domain(scb.round_columns, real("threshold"), system=None, arrays={"Q": Array((4, 3), strict_shape=False)},
            draws={"threshold": (-1, 1)}),
     domain(scb.round_to_supports),
-    domain(scb.run_algorithm1, build=_stages, raises=OUTCOMES, known={"inside": SCB_NAN_METRICS}),
-    domain(scb.run_sgd, build=_stage, raises=OUTCOMES, known={"inside": SCB_NAN_METRICS}),
+    domain(scb.run_algorithm1, build=_stages, raises=OUTCOMES, undefined=SCB_UNDEFINED),
+    domain(scb.run_sgd, build=_stage, raises=OUTCOMES, undefined=SCB_UNDEFINED),
     domain(scb.run_stages_2_3, real("alpha_Q"), build=lambda p, rng: {**_stage(p, rng, "stage2"),
                                                                    "start": p.initial_point()},
-           draws={"alpha_Q": (0.1, 10)}, raises=OUTCOMES, known={"inside": SCB_NAN_METRICS}),
+           draws={"alpha_Q": (0.1, 10)}, raises=OUTCOMES, undefined=SCB_UNDEFINED),
     domain(scb.run_stage1, build=lambda p, rng: _stage(p, rng, "stage1"), raises=OUTCOMES,
-           known={"inside": SCB_NAN_METRICS}),
+           undefined=SCB_UNDEFINED),
     domain(scb.relative_errors),
     domain(scb.off_support_noise, integer("batch", 1, scb.MAX_GRADIENT_BATCH),
            integer("n_batches", 2, scb.MAX_NOISE_BATCHES),
            draws=_cheap(n_batches=3)),
     domain(scb.transfer_step, real("gamma", 0, 1, strict=True), integer("batch0", 1, scb.MAX_STAGE_BATCH),
-           draws={"batch0": 64}, raises=OUTCOMES, known={"inside": SCB_NAN_METRICS}),
+           draws={"batch0": 64}, raises=OUTCOMES, undefined=SCB_UNDEFINED),
     domain(scb.run_transfer, real("gamma", 0, 1, strict=True), integer("batch0", 1, scb.MAX_STAGE_BATCH),
            draws={"batch0": 64}, build=lambda p, rng: _stage(p, rng, "stage2"), raises=OUTCOMES),
     domain(scb.context_sample, integer("n_contexts", 4), draws=_cheap(), fixed={"n_batches": 2}),

@@ -290,7 +290,9 @@ def metrics(run: Trajectory, ref: Reference) -> dict:
     ``one_minus_corr_decomposed`` 1 − corr(W, W^fin + R W^svm) (R fitted per record), ``one_minus_corr_perp``
     1 − corr(W − Π_{S_fin}W, W^svm), ``fin_error`` ||Π_{S_fin}W − W^fin||, ``norm`` ||W||, ``mass_off`` max_i of the
     attention mass outside O_i, ``tv`` max_i TV(attention restricted to O_i, softmax(l^fin)), ``loss_gap``
-    L(W) − L_red(W^fin). Directional metrics are NaN when W^svm = 0."""
+    L(W) − L_red(W^fin). The directional metrics (``one_minus_corr*``) are NaN where a correlation is undefined:
+    everywhere when W^svm = 0 (no strict edge, nothing to align with), and at a record where the compared array is
+    0 (the start W₀ = 0, or W with no part off S_fin)."""
     problem = ref.problem
     Ws = run.states["W"]
     flat = Ws.reshape(len(Ws), -1)

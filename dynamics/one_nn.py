@@ -151,6 +151,11 @@ def _warn_if_grid_too_coarse(problem, states, resolution) -> float:
 
 
 def _with_losses(problem, times, states, resolution, info):
+    below = np.flatnonzero(states[:, 0] < 0)
+    if below.size:  # e.g. σ = 0, N = 1: ∂L/∂ξ₁ > 0 at ξ₁ = 0, so descent leaves the reduced loss's domain at once
+        raise DivergenceError(f"the reduced dynamics left ξ₁ >= 0, where the reduced loss is defined (docs/one_nn.md "
+                              f"§4), by step {times[below[0]]:g} (ξ₁ = {states[below[0], 0]:.3g}): at this problem "
+                              f"(N = {problem.N}, σ = {problem.sigma:g}) descent moves ξ₁ below 0")
     info["final_gradient_error"] = _warn_if_grid_too_coarse(problem, states, resolution)
     values = np.array([cf.reduced_loss_adaptive(problem, x1, x2, resolution) for x1, x2 in states])
     return Trajectory(times=times, states=dict(xi1=states[:, 0], xi2=states[:, 1]),
@@ -175,6 +180,8 @@ def flow_trajectory(problem: OneNNProblem, eta: float, steps: int, *, dt_steps: 
     eta = check.real(eta, "eta", minimum=0.0, strict=True)
     steps, n_records = check_run_length(steps, n_records, min_records=2)
     n = max(1, int(round(steps / dt_steps)))
+    if not eta * steps / n > 0:
+        raise ValueError(f"eta = {eta:g} is too small: the flow's time step η·{steps}/{n} underflows to 0")
     sol = solve_rk4(cf.reduced_flow_rhs, [0.0, problem.sigma], (0.0, eta * steps), eta * steps / n,
                     cf.pack_reduced_params(problem, eta, resolution), record_every=max(1, n // n_records),
                     loop=_reduced_flow_rk4)

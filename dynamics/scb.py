@@ -454,7 +454,10 @@ def run_stage(problem: SCBProblem, start, stage: StageSettings, *, seed: SeedLik
               record_every: int = 5) -> Trajectory:
     """One stage of Algorithm 1 (docs/scb.md §6) from ``start`` = (V, Q), which is not modified: ``stage.steps``
     preconditioned minibatch steps, projected, with the soft threshold when λ > 0. Steps are counted from
-    ``offset``; the final (V, Q) are in ``final``."""
+    ``offset``; the final (V, Q) are in ``final``. The metrics are RECORD_NAMES at every ``record_every`` steps and
+    after the last; two are undefined (NaN) at some records: ``loss``, the minibatch loss of the batch drawn at that
+    state, at a stage's last record (no batch is drawn after the last step), and ``dist_Q_normalised`` where the
+    Stage-3 normalisation is undefined (α_Q <= 0, as at Q₀, or a column it would empty)."""
     V, Q = _start_matrices(problem, start)
     offset = check.integer(offset, "offset", minimum=0)
     record_every = check.integer(record_every, "record_every", minimum=1)
