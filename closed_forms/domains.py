@@ -414,6 +414,9 @@ DOMAINS = [
     # parameters (the records themselves)
     domain(parameters.parse_parameters, system=None, fixed={"owner": "test"},
            build=lambda problem, rng: {"specs": (integer("n", 1, 5),), "values": {"n": "3"}}),
+    # a decorator, applied at import to each system's population and minibatch (tests/test_options.py)
+    domain(parameters.takes_options, system=None, checked_by="the systems' population and minibatch, at import",
+           build=lambda problem, rng: {"specs": integer("n", 1, 5)}),
     domain(parameters.describe, system=None, build=lambda problem, rng: {"specs": (integer("n", 1, 5),)}),
     domain(parameters.square_matrix, integer("d", 1), system=None, fixed={"name": "value"}, draws={"d": 3},
            build=lambda problem, rng: {"value": 1.5}),
