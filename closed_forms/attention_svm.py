@@ -304,11 +304,12 @@ class SVMSolution:
     def accuracy(self) -> float:
         """The scale of the solver's error, relative to the largest singular value: 0 for the Frobenius SVM (exact to
         round-off), gap·||W||_*/σ_max for the nuclear one (gap·||W||_* bounds how far ||W||_* lies above the optimum,
-        so a singular value below it cannot be told from the solver's error). :func:`rank` takes it."""
+        so a singular value below it cannot be told from the solver's error). :func:`rank` takes it. A gap just
+        below 0 (−1e-16 at convergence: weak duality holds exactly, the difference is round-off) counts as 0."""
         if self.norm == "fro" or not self.feasible:
             return 0.0
         s = np.linalg.svd(self.theta, compute_uv=False)
-        return float(self.gap * s.sum() / s[0]) if s[0] > 0 else 0.0
+        return float(max(self.gap, 0.0) * s.sum() / s[0]) if s[0] > 0 else 0.0
 
     @property
     def value(self) -> float:

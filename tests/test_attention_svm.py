@@ -488,3 +488,15 @@ def test_nuclear_support_tokens_are_read_only_from_a_certified_solution():
     assert isinstance(cf.is_locally_optimal(problem, norm="nuc"), bool)
     with pytest.raises(ValueError, match="max_iterations"):
         cf.support_tokens(problem, norm="nuc", max_iterations=0)
+
+
+def test_a_duality_gap_below_zero_by_round_off_is_an_exact_solution():
+    """The nuclear solver's relative gap (upper − lower)/upper reaches −1e-16 at convergence (weak duality holds
+    exactly; the sign is round-off): its accuracy is 0 and the rank is read at round-off, as at gap 0."""
+    import dataclasses
+    sol = cf.certified_svm(P.random(5, 5, 3, seed=1), norm="nuc")
+    s = np.linalg.svd(sol.theta, compute_uv=False)
+    assert sol.accuracy == pytest.approx(max(sol.gap, 0.0) * s.sum() / s[0], rel=1e-12, abs=0)
+    converged = dataclasses.replace(sol, gap=-1.138e-16)
+    assert converged.accuracy == 0.0 and dataclasses.replace(sol, gap=0.0).accuracy == 0.0
+    assert cf.rank(converged.theta, accuracy=converged.accuracy) == cf.rank(sol.theta, accuracy=0.0)
