@@ -155,14 +155,20 @@ def _attention_parts(Z, Wq, Wk, v):
 
 def attention_forward(Z, Wq, Wk, v) -> np.ndarray:
     """ŷ = (1/n) z_qᵀ W_qW_kᵀ (Σ_{i<=n+1} z_iz_iᵀ) v, the bottom-right entry of one linear-attention layer (§2.3)."""
+    Z, D, Wq, Wk = _check_layer(Z, Wq, Wk)
+    v = check.finite_array(v, "v", shape=(D,))
+    return _attention_prediction(Z, Wq, Wk, v)
+
+
+def _check_layer(Z, Wq, Wk):
+    """Token matrices Z and the query/key projections W_q, W_k (d + 1 rows, one shape) of a layer's forward pass:
+    (Z, d + 1, W_q, W_k) checked."""
     Z = check.finite_array(Z, "Z")
     D = _check_tokens(Z)
     Wq = check.finite_array(Wq, "Wq", ndim=2)
     if Wq.shape[0] != D:
         raise ValueError(f"Wq must have d + 1 = {D} rows (the size of Z's tokens), got shape {Wq.shape}")
-    Wk = check.finite_array(Wk, "Wk (the shape of Wq)", shape=Wq.shape)
-    v = check.finite_array(v, "v", shape=(D,))
-    return _attention_prediction(Z, Wq, Wk, v)
+    return Z, D, Wq, check.finite_array(Wk, "Wk (the shape of Wq)", shape=Wq.shape)
 
 
 def _check_tokens(Z) -> int:
@@ -190,12 +196,7 @@ def _h3_parts(Z, Wq, Wk, Wv, f):
 def h3_forward(Z, Wq, Wk, Wv, f) -> np.ndarray:
     """ŷ = (1/n) Σ_j [ZW_q]_{n+1,j} Σ_i f_{n+1-i}[ZW_k]_{ij}[ZW_v]_{ij}: one H3-like layer with a shared causal filter
     f = (f_0..f_n) and a channel sum (§2.4)."""
-    Z = check.finite_array(Z, "Z")
-    D = _check_tokens(Z)
-    Wq = check.finite_array(Wq, "Wq", ndim=2)
-    if Wq.shape[0] != D:
-        raise ValueError(f"Wq must have d + 1 = {D} rows (the size of Z's tokens), got shape {Wq.shape}")
-    Wk = check.finite_array(Wk, "Wk (the shape of Wq)", shape=Wq.shape)
+    Z, D, Wq, Wk = _check_layer(Z, Wq, Wk)
     Wv = check.finite_array(Wv, "Wv (the shape of Wq)", shape=Wq.shape)
     f = check.finite_array(f, "f (one tap per token of Z)", shape=(Z.shape[1],))
     return _h3_parts(Z, Wq, Wk, Wv, f)[0]
