@@ -36,6 +36,13 @@ def test_rates_come_from_the_same_k_and_count():
     t = rules.t_test([0.0, 0.0], 9, what="seed-means", k=4.0)
     assert t.false_fail_rate == pytest.approx(2 * 2 * scipy_stats.t.sf(4.0, 9))
     assert rules.round_off(0.0, 1e-12, what="x", basis="b").false_fail_rate is None
+    quantile = rules.t_quantile_test([0.0, 0.0], 9, 0.01, what="means")
+    assert quantile.false_fail_rate == pytest.approx(0.02)
+    bound = scipy_stats.t.isf(0.005, 9)
+    assert not rules.t_quantile_test([bound], 9, 0.01, what="m").passed
+    assert rules.t_quantile_test([np.nextafter(bound, 0)], 9, 0.01, what="m").passed
+    at_edge = dict(fitted=-0.25, predicted=-0.5, tolerance=0.25, what="s", basis="b")  # |−0.25 + 0.5| = 0.25 exactly
+    assert rules.exponent(**at_edge).passed and not rules.exponent(**at_edge, strict=True).passed
 
 
 def test_the_nominal_rate_of_a_z_test_is_its_failure_rate_when_the_theory_holds():

@@ -19,9 +19,10 @@ from attnflow.closed_forms.ccmc import CCMCProblem
 from attnflow.dynamics import ccmc as dyn
 from attnflow.dynamics.montecarlo import Trajectory
 
-from . import plots
+from . import plots, rules
 from .claims import Outcome, claim
-from .stats import Z_TOLERANCE, fit_exponent, two_sided_p, z_basis
+from .rules import all_of
+from .stats import Z_TOLERANCE, fit_exponent, two_sided_p
 from .systems import System
 
 PAPER = "Ildiz, Huang, Li, Rawat & Oymak, ICML 2024 (arXiv:2402.13512)"
@@ -33,6 +34,10 @@ ALPHA = two_sided_p(Z_TOLERANCE)
 BOOTSTRAP_LEVEL = 0.95
 
 IDENTITY_NOTE = "No figure: an exact identity checked to round-off, whose one number says all a picture would."
+IDENTITY_BASIS = "exact identity; only float64 round-off separates the two"
+SUM_ROUND_OFF = 1e-10  # round-off of float64 sums over n samples of O(1) terms (relative, n up to 4000)
+FISHER_BASIS = ("exact: Fisher information by enumerating every prompt of the support (rank cut 1e-9 × largest "
+                "eigenvalue); likelihoods in float64")
 
 # Paper statements found not to hold in our measurements: claim name -> one sentence and the docs section.
 FINDINGS: dict = {}
@@ -58,6 +63,13 @@ def exponent_check(x, y, predicted, *, seed, quantile=None, allowance=0.0) -> di
     return dict(estimate=fit.estimate, low=fit.low, high=fit.high, standard_error=se, predicted=float(predicted),
                 z=float(z), allowance=allowance,
                 passed=bool(abs(fit.estimate - predicted) < Z_TOLERANCE * se + allowance), fit=fit)
+
+
+def exponent_rule(check: dict, what: str, basis: str) -> rules.Rule:
+    """The verdict of :func:`exponent_check` as a rule: |estimate − predicted| < 4 bootstrap SE + allowance, nominal
+    false-FAIL rate ALPHA per exponent."""
+    return rules.exponent(check["estimate"], check["predicted"], Z_TOLERANCE * check["standard_error"] + check["allowance"],
+                          strict=True, what=what, basis=basis, false_fail_rate=ALPHA)
 
 
 EXPONENT_BASIS = (f"{Z_TOLERANCE:g} bootstrap standard errors over runs (expanded-percentile {BOOTSTRAP_LEVEL:.0%} "
@@ -112,8 +124,8 @@ def raw_attention_law(seed, K, d, n_prompts, max_length):
     worst = _law_claim(seed, K, d, n_prompts, max_length, "self")
     return Outcome(measured={"max_law_difference": worst}, predicted={"max_law_difference": 0.0},
                    labels={"max_law_difference": "max |raw output − CCMC law|"},
-                   tolerance=f"< {ROUND_OFF:g}", basis="exact identity; only float64 round-off separates the two",
-                   passed=worst < ROUND_OFF, false_fail_rate=None, notes=IDENTITY_NOTE)
+                   rule=rules.round_off(worst, ROUND_OFF, what="max |raw output − law|", basis=IDENTITY_BASIS),
+                   notes=IDENTITY_NOTE)
 
 
 @claim(
@@ -128,8 +140,8 @@ def query_excluded_law(seed, K, d, n_prompts, max_length):
     worst = _law_claim(seed, K, d, n_prompts, max_length, "exclude")
     return Outcome(measured={"max_law_difference": worst}, predicted={"max_law_difference": 0.0},
                    labels={"max_law_difference": "max |raw output − CCMC law with m'|"},
-                   tolerance=f"< {ROUND_OFF:g}", basis="exact identity; only float64 round-off separates the two",
-                   passed=worst < ROUND_OFF, false_fail_rate=None, notes=IDENTITY_NOTE)
+                   rule=rules.round_off(worst, ROUND_OFF, what="max |raw output − law|", basis=IDENTITY_BASIS),
+                   notes=IDENTITY_NOTE)
 
 
 @claim(
@@ -151,8 +163,8 @@ def base_chain_row(seed, K, d, n_orders):
     worst = float(np.abs(raw - P[prompts[:, -1]]).max())
     return Outcome(measured={"max_row_difference": worst}, predicted={"max_row_difference": 0.0},
                    labels={"max_row_difference": "max |raw output − P_{a,·}|"},
-                   tolerance=f"< {ROUND_OFF:g}", basis="exact identity; only float64 round-off", passed=worst < ROUND_OFF,
-                   false_fail_rate=None, notes=IDENTITY_NOTE)
+                   rule=rules.round_off(worst, ROUND_OFF, what="max |raw output − P_{a,·}|", basis=IDENTITY_BASIS),
+                   notes=IDENTITY_NOTE)
 
 
 @claim(
@@ -193,11 +205,11 @@ def sampled_frequencies(seed, K, d, length, draws):
                    predicted={"max_abs_z": 0.0, "off_support_frequency": 0.0},
                    labels={"max_abs_z": "max |z| over the prompt's tokens",
                            "off_support_frequency": "frequency off the prompt's support"},
-                   false_fail_rate=min(1.0, int(support.sum()) * ALPHA),
-                   tolerance=f"|z| < {Z_TOLERANCE:g} for each of the {int(support.sum())} tokens in the prompt; "
-                             "no draw outside it",
-                   basis=z_basis(what="binomial standard errors") + f"; at most {support.sum() * ALPHA:.1g} overall",
-                   passed=bool(np.abs(z).max() < Z_TOLERANCE and off_support == 0), details=rows, figure=figure)
+                   rule=all_of(rules.z_test(z[support], what="frequency − law of each token in the prompt",
+                                            errors="binomial standard errors"),
+                               rules.at_most(off_support, 0.0, what="frequency of draws outside the prompt",
+                                             basis="exact: a token outside the prompt has probability 0")),
+                   details=rows, figure=figure)
 
 
 @claim(
@@ -224,8 +236,9 @@ def positional_law(seed, K, d, d_p, n_prompts, max_length):
         worst = max(worst, float(np.abs(raw - cf.positional_law(base, prompt, log_omega)).max()))
     return Outcome(measured={"max_law_difference": worst}, predicted={"max_law_difference": 0.0},
                    labels={"max_law_difference": "max |raw output − positional law|"},
-                   tolerance=f"< {ROUND_OFF:g}", basis="exact identity; only float64 round-off",
-                   passed=worst < ROUND_OFF, false_fail_rate=None, notes=IDENTITY_NOTE)
+                   rule=rules.round_off(worst, ROUND_OFF, what="max |raw output − positional law|",
+                                        basis=IDENTITY_BASIS),
+                   notes=IDENTITY_NOTE)
 
 
 @claim(
@@ -256,9 +269,9 @@ def nll_gradient_identities(seed, K, d, L, n):
                    predicted={"max_nll_difference": 0.0, "max_gradient_difference": 0.0},
                    labels={"max_nll_difference": "max |NLL_raw − (ℓ̂_n − mean log m_y)|",
                            "max_gradient_difference": "max relative |∇_W − Eᵀ(∇_Θ)ᵀE|"},
-                   tolerance="both < 1e-10",
-                   basis="exact identities; float64 round-off of sums over n samples", details=rows,
-                   passed=worst_value < 1e-10 and worst_grad < 1e-10, false_fail_rate=None, notes=IDENTITY_NOTE)
+                   rule=rules.round_off([worst_value, worst_grad], SUM_ROUND_OFF, what="both differences",
+                                        basis="exact identities; float64 round-off of sums over n samples"),
+                   details=rows, notes=IDENTITY_NOTE)
 
 
 # ===============================================================================================================
@@ -323,10 +336,11 @@ def fisher_rank(seed, L, n):
         labels={r["case"]: f"rank F, {r['prompts']}" for r in rows}
         | {"max_chain_change": "max |P − P'|", "nll_change_topic": "|ΔNLL| on topic prompts",
            "nll_change_iid": "|ΔNLL| on i.i.d. prompts (control)"},
-        tolerance=f"ranks equal; |ΔNLL| < {ROUND_OFF:g} on topic prompts and > 1e-3 on i.i.d. prompts",
-        basis="exact: Fisher information by enumerating every prompt of the support (rank cut 1e-9 × largest "
-              "eigenvalue); likelihoods in float64",
-        passed=bool(ranks_agree and difference < ROUND_OFF and control > 1e-3), details=rows, false_fail_rate=None,
+        rule=all_of(rules.condition(ranks_agree, "numerical ranks equal the graph formula", basis=FISHER_BASIS),
+                    rules.round_off(difference, ROUND_OFF, what="|ΔNLL| on topic prompts", basis=FISHER_BASIS),
+                    rules.at_least(control, 1e-3, strict=True, what="|ΔNLL| on i.i.d. prompts (control)",
+                                   basis=FISHER_BASIS)),
+        details=rows,
         notes="No figure: exact integer ranks and a likelihood identity on an enumerated support; the table is "
               "the whole picture.")
 
@@ -346,11 +360,14 @@ def fisher_rank_query_excluded(seed, L):
         r["paper_example"] = e
     return Outcome(measured={r["case"]: r["numerical_rank"] for r in rows},
                    predicted={r["case"]: r["predicted_rank"] for r in rows},
-                   labels={r["case"]: f"rank F, {r['prompts']}" for r in rows}, false_fail_rate=None,
+                   labels={r["case"]: f"rank F, {r['prompts']}" for r in rows},
                    notes="No figure: exact integer ranks on an enumerated support; the table is the whole picture.",
-                   tolerance="numerical rank = the graph formula, and the formula = the worked values 12, 0, 8",
-                   basis="exact: Fisher information by enumeration; rank cut 1e-9 × largest eigenvalue",
-                   passed=all(r["numerical_rank"] == r["predicted_rank"] == r["paper_example"] for r in rows),
+                   rule=rules.condition(all(r["numerical_rank"] == r["predicted_rank"] == r["paper_example"]
+                                            for r in rows),
+                                        "numerical rank = the graph formula, and the formula = the worked values "
+                                        + ", ".join(str(e) for e in expected),
+                                        basis="exact: Fisher information by enumeration; rank cut 1e-9 × largest "
+                                              "eigenvalue"),
                    details=rows)
 
 
@@ -411,10 +428,12 @@ def mle_asymptotic_error(seed, L, n, reps):
         measured={i: r["mean"] for i, r in zip(ids, rows)} | {"max_abs_t": max(abs(r["t"]) for r in rows)},
         predicted={i: r["predicted"] for i, r in zip(ids, rows)},
         labels={i: r["quantity"] + f" at n={n}" for i, r in zip(ids, rows)} | {"max_abs_t": "max |t|"},
-        tolerance=f"|t| < {bound:.2f} for both, over {reps} independent data sets",
-        basis=t_basis(reps - 1) + "; the O(1/n) finite-sample bias is below the noise at this n (docs/ccmc.md §5.5)",
-        passed=all(abs(r["t"]) < bound for r in rows), details=rows, figure=figure,
-        false_fail_rate=len(rows) * ALPHA,
+        rule=rules.t_quantile_test([r["t"] for r in rows], reps - 1, ALPHA,
+                                   what="n·‖Θ̂ − Θ*‖² and n·‖P̂ − P*‖² against their constants",
+                                   errors=f"{reps} independent data sets",
+                                   basis_note="the O(1/n) finite-sample bias is below the noise at this n "
+                                              "(docs/ccmc.md §5.5)"),
+        details=rows, figure=figure,
         notes="Constants from the exact Fisher information over all 4^L prompts.")
 
 
@@ -449,8 +468,7 @@ def mle_rate(seed, L, ns, reps):
         predicted={"exponent": -1.0, "scaled_error": constants["chain"]},
         labels={"exponent": "exponent of E‖P̂ − P*‖²_F in n", "exponent_se": "bootstrap SE of the exponent",
                 "scaled_error": f"n·MSE at n={ns[-1]} (predicted: its limit)"},
-        tolerance=f"|exponent + 1| < {Z_TOLERANCE:g} bootstrap SE", basis=EXPONENT_BASIS,
-        passed=check["passed"], figure=figure, false_fail_rate=ALPHA,
+        rule=exponent_rule(check, "exponent of E‖P̂ − P*‖²_F in n", EXPONENT_BASIS), figure=figure,
         details=[dict(n=int(n), mean_error=float(chain_errors[i].mean()), asymptote=constants["chain"] / n)
                  for i, n in enumerate(ns)])
 
@@ -504,12 +522,14 @@ def uniform_chain_constant(seed, Ks, length_factor, prompts, batches):
         predicted={f"constant_k{r['K']}": f"{r['finite_L']:.3f} / {r['limit']:.0f}" for r in rows},
         labels={f"constant_k{r['K']}": f"Σ_a tr(J_a F_a⁺ J_a), K={r['K']}, L={r['L']} (predicted: finite-L / limit "
                                        "K(K−1))" for r in rows} | {"max_abs_t": "max |t|"},
-        figure=figure, false_fail_rate=len(rows) * ALPHA,
-        tolerance=f"|t| < {bound:.2f} (jackknife over {batches} batches) against the finite-L value; the finite-L "
-                  "value above K(K − 1) by a relative gap below 2/L",
-        basis=t_basis(batches - 1) + "; the limit is approached at rate O(1/L) by §5.6",
-        passed=bool(all(abs(r["t"]) < bound for r in rows)
-                    and all(0 < r["relative_gap_to_limit"] < 2 / r["L"] for r in rows)), details=rows)
+        figure=figure,
+        rule=all_of(rules.t_quantile_test([r["t"] for r in rows], batches - 1, ALPHA,
+                                          what="Monte Carlo − the finite-L value, at every K",
+                                          errors=f"a jackknife over {batches} batches"),
+                    rules.condition(all(0 < r["relative_gap_to_limit"] < 2 / r["L"] for r in rows),
+                                    "the finite-L value above K(K − 1) by a relative gap below 2/L",
+                                    basis="the limit is approached at rate O(1/L) by §5.6")),
+        details=rows)
 
 
 @claim(
@@ -550,11 +570,12 @@ def adam_recovers_chain(seed, L, d, steps, batch, lr):
         predicted={"squared_error": predicted},
         labels={"squared_error": "‖P̂ − P*‖²_F (predicted: Σ_a tr(J_a F_a⁺ J_a)/(n/2))",
                 "max_abs_error": "max |P̂ − P*|", "ratio_to_mle": "ratio to the MLE asymptote"},
-        figure=figure, false_fail_rate=weighted_chi2_tail(weights, allowed * weights.sum()),
-        tolerance="ratio < 5",
-        basis="the squared error of one run is a weighted sum of 12 χ²₁ terms with mean ≈ the asymptote; "
-              "P(ratio > 5) ≈ 5e-7 for its weights (docs/ccmc.md §5.7)",
-        passed=bool(ratio < allowed), details=[dict(samples=steps * batch, final_nll=run.last("nll"))])
+        figure=figure,
+        rule=rules.condition(ratio < allowed, f"‖P̂ − P*‖²_F / the MLE asymptote < {allowed:g}",
+                             basis="the squared error of one run is a weighted sum of 12 χ²₁ terms with mean ≈ the "
+                                   "asymptote; P(ratio > 5) ≈ 5e-7 for its weights (docs/ccmc.md §5.7)",
+                             false_fail_rate=weighted_chi2_tail(weights, allowed * weights.sum())),
+        details=[dict(samples=steps * batch, final_nll=run.last("nll"))])
 
 
 def _chain_error_weights(P, F) -> np.ndarray:
@@ -640,11 +661,14 @@ def support_invariance(seed, K, d, X0, steps, runs):
     return Outcome(measured={f"emitted_{r['query']}": r["emitted"] for r in rows},
                    predicted={f"emitted_{q}": support for q in cf.QUERY_VARIANTS},
                    labels={f"emitted_{q}": f"tokens emitted (query {q})" for q in cf.QUERY_VARIANTS},
-                   figure=figure, false_fail_rate=min(1.0, never),
-                   tolerance="exactly the support of X0",
-                   basis=f"exact: a token outside the prompt has probability 0; each token of X0 has probability "
-                         f"at least min P/L per step, so all are emitted in {runs}×{steps} draws w.p. ≈ 1",
-                   passed=all(r["emitted"] == support for r in rows), details=rows)
+                   figure=figure,
+                   rule=rules.condition(all(r["emitted"] == support for r in rows),
+                                        "the tokens emitted are exactly the support of X0, for each query variant",
+                                        basis=f"exact: a token outside the prompt has probability 0; each token of X0 "
+                                              f"has probability at least min P/L per step, so all are emitted in "
+                                              f"{runs}×{steps} draws w.p. ≈ 1",
+                                        false_fail_rate=min(1.0, never)),
+                   details=rows)
 
 
 @claim(
@@ -692,10 +716,10 @@ def polya_urn(seed, X0, K, t, runs):
         measured={f"var_share_{r['token']}": r["variance"] for r in rows} | {"max_abs_z": worst},
         predicted={f"var_share_{r['token']}": r["predicted_variance"] for r in rows},
         labels={f"var_share_{r['token']}": f"Var f_{r['token']}(t)" for r in rows} | {"max_abs_z": "max |z|"},
-        figure=figure, false_fail_rate=min(1.0, 2 * len(rows) * ALPHA),
-        tolerance=f"|z| < {Z_TOLERANCE:g} for the mean and the variance of every share",
-        basis=z_basis(what=f"standard errors over {runs} runs") + f"; {2 * len(rows)} comparisons",
-        passed=worst < Z_TOLERANCE, details=rows)
+        figure=figure,
+        rule=rules.z_test([z for r in rows for z in (r["z_mean"], r["z_variance"])],
+                          what="the mean and the variance of every share", errors=f"standard errors over {runs} runs"),
+        details=rows)
 
 
 def _fitness_runs(seed, v, X0, levels, runs, query):
@@ -761,10 +785,8 @@ def fitness_urn_exponents(seed, v, X0, levels, runs, query):
         predicted={f"exponent_m{k}": fits[k]["predicted"] for k in losers},
         labels={f"exponent_m{k}": f"exponent of m_{k} in m_w (predicted v_{k}/v_{winner})" for k in losers}
         | {"median_winner_share": f"median winner share at m_w={levels[-1]}"},
-        false_fail_rate=len(losers) * ALPHA,
-        tolerance=f"|exponent − v_k/v_w| < {Z_TOLERANCE:g} bootstrap SE for each loser",
-        basis=EXPONENT_BASIS + f"; fitted to {RUN_STATISTIC} (heavy-tailed prefactors, docs/ccmc.md §7)",
-        passed=all(f["passed"] for f in fits.values()),
+        rule=all_of(*(exponent_rule(fits[k], f"exponent of m_{k} in m_w", EXPONENT_BASIS + f"; fitted to "
+                                    f"{RUN_STATISTIC} (heavy-tailed prefactors, docs/ccmc.md §7)") for k in losers)),
         details=[{k: val for k, val in f.items() if k != "fit"} | dict(token=k) for k, f in fits.items()],
         figure=_exponent_figure(levels, curves, {k: fits[k]["predicted"] for k in losers}, fits,
                                 f"Fitness urn v = {tuple(v)}, query {query}:\nlosers against the winner",
@@ -807,11 +829,10 @@ def single_trajectory_fisher(seed, v, X0, levels, runs):
         measured={f"exponent_fisher_{k}": fits[k]["estimate"] for k in losers},
         predicted={f"exponent_fisher_{k}": fits[k]["predicted"] for k in losers},
         labels={f"exponent_fisher_{k}": f"exponent of I_{k} in m_w (predicted v_{k}/v_{winner})" for k in losers},
-        false_fail_rate=len(losers) * ALPHA,
-        tolerance=f"|exponent − v_k/v_w| < {Z_TOLERANCE:g} bootstrap SE + {FISHER_ALLOWANCE:g} for each loser",
-        basis=EXPONENT_BASIS + f"; fitted to {RUN_STATISTIC}; plus {FISHER_ALLOWANCE:g} for the upward "
-                               "finite-range bias of the −Σp_k² part, which decays only like t^{λ−1} (docs/ccmc.md §6.6)",
-        passed=all(f["passed"] for f in fits.values()),
+        rule=all_of(*(exponent_rule(fits[k], f"exponent of I_{k} in m_w",
+                                    EXPONENT_BASIS + f"; fitted to {RUN_STATISTIC}; plus {FISHER_ALLOWANCE:g} for the "
+                                    "upward finite-range bias of the −Σp_k² part, which decays only like t^{λ−1} "
+                                    "(docs/ccmc.md §6.6)") for k in losers)),
         details=[{k: val for k, val in f.items() if k != "fit"} | dict(token=k) for k, f in fits.items()],
         figure=_exponent_figure(levels, curves, {k: fits[k]["predicted"] for k in losers}, fits,
                                 "Observed Fisher information along one trajectory", "winner count $m_w$",
@@ -880,12 +901,12 @@ def diagonal_collapse(seed, K, diagonal, steps, runs):
                 "loser_exponent_se": "bootstrap SE of the loser exponent",
                 "loser_exponent_mean_run": "loser exponent of the run-mean (not checked)",
                 "tokens_winning": "tokens that won some run", "median_largest_share": f"median largest share at t={steps[-1]}"},
-        false_fail_rate=min(1.0, ALPHA + K * 0.8 ** runs),
-        tolerance=f"|median-run exponent − P_wk/P_ww| < {Z_TOLERANCE:g} bootstrap SE, and every token wins at least "
-                  "one run",
-        basis=EXPONENT_BASIS + "; by symmetry each token wins with probability ≥ ~0.2, so a token never winning "
-                               f"in {runs} runs has probability < {K * 0.8 ** runs:.0e}",
-        passed=bool(check["passed"] and (wins > 0).all()), figure=figure,
+        rule=all_of(exponent_rule(check, "loser exponent of the median run", EXPONENT_BASIS),
+                    rules.condition((wins > 0).all(), "every token wins at least one run",
+                                    basis="by symmetry each token wins with probability ≥ ~0.2, so a token never "
+                                          f"winning in {runs} runs has probability < {K * 0.8 ** runs:.0e}",
+                                    false_fail_rate=K * 0.8 ** runs)),
+        figure=figure,
         details=[dict(token=k, runs_won=int(wins[k])) for k in range(K)]
         + [{k: v for k, v in check.items() if k != "fit"}])
 
@@ -947,10 +968,12 @@ def fluid_equilibrium(seed, steps, runs, ode_starts):
         labels={f"share_{k}": f"share of token {k} among the winners (predicted f*_{k})" for k in range(3)}
         | {"max_abs_t": "max |t|", "max_ode_distance": "max ODE distance to f*",
            "mean_share_3": "mean share of token 3", "invasion_rate_3": "λ₄(f*)"},
-        figure=figure, false_fail_rate=3 * ALPHA,
-        tolerance=f"|t| < {bound:.2f} for each winner share; every ODE start within 1e-6 of f* at τ = 40",
-        basis=t_basis(runs - 1) + "; the ODE part is deterministic (integration tolerance 1e-9)",
-        passed=bool(np.abs(t).max() < bound and ode_distance < 1e-6), details=rows)
+        figure=figure,
+        rule=all_of(rules.t_quantile_test(t, runs - 1, ALPHA, what="each winner share against f*",
+                                          errors=f"{runs} runs"),
+                    rules.at_most(ode_distance, 1e-6, strict=True, what="every ODE start's distance to f* at τ = 40",
+                                  basis="deterministic (integration tolerance 1e-9)")),
+        details=rows)
 
 
 @claim(
@@ -972,10 +995,8 @@ def invasion_exponent(seed, steps, runs):
         predicted={"invasion_exponent": predicted},
         labels={"invasion_exponent": "exponent of m_3 in t (predicted λ₄(f*))",
                 "invasion_exponent_se": "bootstrap SE of the exponent"},
-        false_fail_rate=ALPHA,
-        tolerance=f"|exponent − λ₄(f*)| < {Z_TOLERANCE:g} bootstrap SE",
-        basis=EXPONENT_BASIS + f"; fitted to {RUN_STATISTIC}",
-        passed=check["passed"], details=[{k: v for k, v in check.items() if k != "fit"}],
+        rule=exponent_rule(check, "exponent of m_3 in t", EXPONENT_BASIS + f"; fitted to {RUN_STATISTIC}"),
+        details=[{k: v for k, v in check.items() if k != "fit"}],
         figure=_exponent_figure(steps, {3: loser}, {3: predicted}, {3: check},
                                 "Cycle chain: the excluded token", "generated tokens $t$", "count $m_3(t)$"))
 

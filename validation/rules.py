@@ -14,6 +14,7 @@ The rules:
 * :func:`z_test` — |z| below k standard errors in each of ``count`` independent comparisons (normal), or in one
   direction only;
 * :func:`t_test` — the same with Student's t at ``df`` degrees of freedom (a seed-mean over few seeds);
+  :func:`t_quantile_test` the t quantile of a stated two-sided level per comparison;
 * :func:`exponent` — a fitted rate within its tolerance of the predicted one;
 * :func:`condition` — a deterministic statement the paper makes on every instance, stated in words with its
   numbers (strictly increasing, every run escaped, …), for what the other rules cannot express.
@@ -27,7 +28,8 @@ from scipy import stats as scipy_stats
 
 from .stats import Z_TOLERANCE, two_sided_p
 
-__all__ = ["Rule", "round_off", "at_most", "at_least", "z_test", "t_test", "exponent", "condition", "all_of"]
+__all__ = ["Rule", "round_off", "at_most", "at_least", "z_test", "t_test", "t_quantile_test", "exponent", "condition",
+           "all_of"]
 
 
 @dataclass(frozen=True)
@@ -103,16 +105,30 @@ def t_test(t, df: int, *, what: str, k: float = Z_TOLERANCE, errors: str = "stan
                 t.size * per)
 
 
+def t_quantile_test(t, df: int, per_comparison: float, *, what: str,
+                    errors: str = "standard errors over seeds", basis_note: str = "") -> Rule:
+    """|t| below the Student-t quantile whose two-sided tail is ``per_comparison`` at ``df`` degrees of freedom, in
+    each comparison ``t``: the nominal false-FAIL rate is ``per_comparison`` per comparison (union bound)."""
+    t = np.ravel(np.asarray(t, dtype=float))
+    bound = float(scipy_stats.t.isf(per_comparison / 2, df))
+    where = f" in each of {t.size} comparisons" if t.size > 1 else ""
+    return Rule(bool(np.all(np.abs(t) < bound)), f"|t| < {bound:.2f} ({what}){where}",
+                f"Student t with {df} d.f. over {errors} at the two-sided level {per_comparison:.1g} per comparison"
+                + (f"; {basis_note}" if basis_note else ""), t.size * per_comparison)
+
+
 def exponent(fitted, predicted: float, tolerance, *, what: str, basis: str,
-             false_fail_rate: float | None = None) -> Rule:
-    """Each ``fitted`` rate within its ``tolerance`` (one number, or one per fit) of the ``predicted`` one."""
+             false_fail_rate: float | None = None, strict: bool = False) -> Rule:
+    """Each ``fitted`` rate within its ``tolerance`` (one number, or one per fit) of the ``predicted`` one (strictly
+    inside when ``strict``)."""
     fitted = np.ravel(np.asarray(fitted, dtype=float))
     tolerance = np.broadcast_to(np.asarray(tolerance, dtype=float), fitted.shape)
-    passed = bool(np.all(np.abs(fitted - predicted) <= tolerance))
+    deviation = np.abs(fitted - predicted)
+    passed = bool(np.all(deviation < tolerance if strict else deviation <= tolerance))
     low, high = float(tolerance.min()), float(tolerance.max())
     bound = f"{high:.3g}" if low == high else f"{low:.3g}–{high:.3g}"
     offset = f"+ {-predicted:g}" if predicted < 0 else f"− {predicted:g}"
-    return Rule(passed, f"|{what} {offset}| ≤ {bound}", basis, false_fail_rate)
+    return Rule(passed, f"|{what} {offset}| {'<' if strict else '≤'} {bound}", basis, false_fail_rate)
 
 
 def condition(holds: bool, statement: str, *, basis: str, false_fail_rate: float | None = None) -> Rule:
