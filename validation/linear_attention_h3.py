@@ -17,9 +17,10 @@ from attnflow.closed_forms.linear_attention_h3 import H3Problem
 from attnflow.dynamics import linear_attention_h3 as dyn
 from attnflow.dynamics.montecarlo import monte_carlo_mean
 
-from . import plots
+from . import plots, rules
 from .claims import Outcome, claim
-from .stats import Z_TOLERANCE, fit_exponential_rate, two_sided_p, z_basis
+from .rules import all_of
+from .stats import Z_TOLERANCE, fit_exponential_rate, two_sided_p
 from .systems import System
 
 PAPER = "Li, Rawat & Oymak, NeurIPS 2024 (arXiv:2407.10005)"
@@ -32,6 +33,10 @@ ALPHA = two_sided_p(Z_TOLERANCE)
 TRAINING_ALLOWANCE = 0.01
 # Every trained model's learning rate decays by a cosine to 2% of its initial value (the protocol of §8.1).
 DECAY = dyn.PROTOCOL_FINAL_FRACTION
+IDENTITY_BASIS = "exact identity; float64 round-off only"
+WOODBURY_BASIS = "deterministic identity (Woodbury); float64 round-off"
+FLOW_BASIS = "deterministic: DOPRI5 with rtol 1e-10 on a linear ODE"
+BFGS_BASIS = "deterministic: BFGS gradient tolerance 1e-12"
 TRAINING_BASIS = (f"{TRAINING_ALLOWANCE:.0%} of the optimum (finite training) + {Z_TOLERANCE:g} paired Monte-Carlo "
                   f"standard errors (false-FAIL ≤ {ALPHA:.1g} once training is within the allowance)")
 
@@ -49,6 +54,11 @@ def _mc(problem, predict, count, seed):
 
 def _z_outcome_rows(rows):
     return max(abs(r["z"]) for r in rows)
+
+
+def _z_rule(rows, what: str) -> rules.Rule:
+    """|z| < Z_TOLERANCE for each row's Monte-Carlo comparison."""
+    return rules.z_test([r["z"] for r in rows], what=what)
 
 
 def _random_preconditioner(rng, problem, scale=1.0):
@@ -111,12 +121,10 @@ def pgd_risk_formula(seed, n_prompts):
         W = _random_preconditioner(rng, problem, scale=2.0) + cf.optimal_preconditioner(problem)
         mc = _mc(problem, lambda p, W=W: dyn.pgd_predict(p, W), n_prompts, mc_seed)
         rows.append(_mc_row(f"W #{i + 1}", mc, cf.pgd_risk(problem, W)))
-    worst = _z_outcome_rows(rows)
     return Outcome(measured=_ids(r["z"] for r in rows), predicted={f"z_{i + 1}": 0.0 for i in range(3)},
                    labels={f"z_{i + 1}": f"z at random W #{i + 1}" for i in range(3)},
-                   tolerance=f"|z| < {Z_TOLERANCE:g} each", basis=z_basis(), passed=worst < Z_TOLERANCE,
-                   details=rows, figure=_z_figure(rows, "PGD risk: closed form against Monte Carlo (setting A)"),
-                   false_fail_rate=3 * ALPHA)
+                   rule=_z_rule(rows, "Monte-Carlo PGD risk − closed form at each random W"),
+                   details=rows, figure=_z_figure(rows, "PGD risk: closed form against Monte Carlo (setting A)"))
 
 
 @claim(
@@ -141,7 +149,6 @@ def optimal_preconditioner(seed, starts):
         worst_argmin = max(worst_argmin, float(np.abs(result.x.reshape(d, d) - W_star).max()))
     identity_gap = abs(float(cf.pgd_risk(problem, W_star)) - L_star)
     gradient = float(np.abs(cf.pgd_risk_gradient(problem, W_star)).max())
-    passed = best >= L_star - OPTIMISER and worst_argmin < 1e-6 and identity_gap < ROUND_OFF and gradient < 1e-10
     return Outcome(measured=dict(bfgs_minimum=best, argmin_distance=worst_argmin, risk_at_w_star=L_star + identity_gap,
                                  gradient_at_w_star=gradient),
                    predicted=dict(optimal_risk=L_star, argmin_distance=0.0, spectral_optimal_risk=L_star,
@@ -149,9 +156,13 @@ def optimal_preconditioner(seed, starts):
                    labels=dict(bfgs_minimum="BFGS minimum of R_PGD", argmin_distance="max |W_BFGS − W*|",
                                risk_at_w_star="R_PGD(W*)", gradient_at_w_star="max |∇R(W*)|",
                                optimal_risk="L* (spectral)", spectral_optimal_risk="L* (spectral)"),
-                   tolerance=f"minimum ≥ L* − {OPTIMISER:g}; argmin within 1e-6; R(W*) = L* to {ROUND_OFF:g}",
-                   basis="deterministic: BFGS gradient tolerance 1e-12 on a strictly convex quadratic",
-                   passed=bool(passed), notes="An identity between closed forms checked by optimisation; the Monte-"
+                   rule=all_of(rules.at_least(best, L_star - OPTIMISER, what=f"BFGS minimum (bound: L* − {OPTIMISER:g})",
+                                              basis=BFGS_BASIS + " on a strictly convex quadratic"),
+                               rules.at_most(worst_argmin, 1e-6, strict=True, what="max |W_BFGS − W*|",
+                                             basis=BFGS_BASIS + " on a strictly convex quadratic"),
+                               rules.round_off(identity_gap, ROUND_OFF, what="|R(W*) − L*|", basis=IDENTITY_BASIS),
+                               rules.at_most(gradient, 1e-10, strict=True, what="max |∇R(W*)|", basis=IDENTITY_BASIS)),
+                   notes="An identity between closed forms checked by optimisation; the Monte-"
                    "Carlo side is pgd_risk_formula and optimal_risk_monte_carlo, so no figure.")
 
 
@@ -200,8 +211,7 @@ def optimal_risk_monte_carlo(seed, d, ns, n_prompts):
     rows.append(dict(_mc_row("setting A, n = 8", mc, cf.optimal_risk(golden)), n=golden.n))
     worst = _z_outcome_rows(rows)
     return Outcome(measured=dict(max_abs_z=worst), predicted=dict(z=0.0), labels=dict(max_abs_z="max |z|"),
-                   tolerance=f"|z| < {Z_TOLERANCE:g} at each of {len(rows)} points", basis=z_basis(),
-                   passed=worst < Z_TOLERANCE, details=rows, false_fail_rate=len(rows) * ALPHA,
+                   rule=_z_rule(rows, "Monte-Carlo risk of W* − L* at each n"), details=rows,
                    figure=_risk_curve_figure(ns, theory, points, f"Optimal PGD risk against $n$ ($d = {d}$)"))
 
 
@@ -251,8 +261,9 @@ def attention_reduces_to_pgd(seed, trials):
                    predicted=dict(odd_part_error=0.0, even_part_error=0.0),
                    labels=dict(odd_part_error="max |odd part − PGD(W_eff)|",
                                even_part_error="max |even part − formula|"),
-                   tolerance=f"< {ROUND_OFF:g}", basis="exact identity; float64 round-off only",
-                   passed=max(worst_odd, worst_even) < ROUND_OFF, notes="A pure identity: no figure.")
+                   rule=rules.round_off([worst_odd, worst_even], ROUND_OFF, what="both parts' max deviation",
+                                        basis=IDENTITY_BASIS),
+                   notes="A pure identity: no figure.")
 
 
 @claim(
@@ -275,8 +286,8 @@ def h3_reduces_to_wpgd(seed, trials):
         W_H, omega = cf.h3_effective_parameters(Wq, Wk, Wv, f)
         worst = max(worst, float(np.abs(odd - dyn.wpgd_predict(prompts, W_H, omega)).max()))
     return Outcome(measured=dict(odd_part_error=worst), predicted=dict(odd_part_error=0.0),
-                   labels=dict(odd_part_error="max |odd part − WPGD(W_H, ω)|"), tolerance=f"< {ROUND_OFF:g}",
-                   basis="exact identity; float64 round-off only", passed=worst < ROUND_OFF,
+                   labels=dict(odd_part_error="max |odd part − WPGD(W_H, ω)|"),
+                   rule=rules.round_off(worst, ROUND_OFF, what="max |odd part − WPGD(W_H, ω)|", basis=IDENTITY_BASIS),
                    notes="A pure identity: no figure.")
 
 
@@ -311,8 +322,7 @@ def odd_even_split(seed, n_prompts):
     return Outcome(measured=dict(z_cross=z, z_odd_risk=z_odd), predicted=dict(z_cross=0.0, z_odd_risk=0.0),
                    labels=dict(z_cross="z of E[2·even·(odd − y_q)]",
                                z_odd_risk="z of the odd part's risk vs R_PGD(W_eff)"),
-                   tolerance=f"|z| < {Z_TOLERANCE:g} each", basis=z_basis(),
-                   passed=max(abs(z), abs(z_odd)) < Z_TOLERANCE, false_fail_rate=2 * ALPHA,
+                   rule=rules.z_test([z, z_odd], what="the cross term and the odd part's risk"),
                    details=[dict(cross_mean=cross.mean, cross_se=cross.standard_error, odd_risk=odd_mc.mean,
                                  odd_risk_se=odd_mc.standard_error, closed_form=float(cf.pgd_risk(problem, W_eff)))],
                    notes="Two z-scores of zero-mean quantities; a figure would show two points at 0.")
@@ -348,6 +358,13 @@ def _within_training_tolerance(gap, optimum):
     return bool(abs(gap.mean) < TRAINING_ALLOWANCE * optimum + Z_TOLERANCE * gap.standard_error)
 
 
+def _training_rule(gap, optimum, what: str) -> rules.Rule:
+    """|paired gap| < TRAINING_ALLOWANCE·optimum + Z_TOLERANCE SE (§8.1), the verdict of every training claim."""
+    return rules.at_most(abs(gap.mean), TRAINING_ALLOWANCE * optimum + Z_TOLERANCE * gap.standard_error, strict=True,
+                         what=f"|{what}| ({TRAINING_ALLOWANCE:.0%} of the optimum + {Z_TOLERANCE:g} SE)",
+                         basis=TRAINING_BASIS, false_fail_rate=ALPHA)
+
+
 @claim(
     "linear_attention_h3.trained_attention_reaches_optimum",
     reference=f"{PAPER}: Theorem 1, the optimal linear attention is the optimal PGD ({DOCS} §3.2, §8)",
@@ -365,12 +382,11 @@ def trained_attention_reaches_optimum(seed, steps, batch_size, n_prompts):
                     final_fraction=DECAY)
     gap = _paired_gap(problem, run, lambda p: dyn.pgd_predict(p, W_star), n_prompts, seeding.named(seed, "mc"))
     error = float(np.linalg.norm(run.states["W"][-1] - W_star) / np.linalg.norm(W_star))
-    passed = _within_training_tolerance(gap, L_star) and error < 0.05
     return Outcome(measured=dict(risk_gap=gap.mean, relative_w_error=error),
                    predicted=dict(risk_gap=0.0, relative_w_error=0.0),
                    labels=dict(risk_gap="paired MC R(trained) − L*", relative_w_error="‖W_eff − W*‖/‖W*‖"),
-                   tolerance=f"|gap| < {TRAINING_ALLOWANCE:.0%}·L* + {Z_TOLERANCE:g} SE; W_eff within 5%",
-                   basis=TRAINING_BASIS, passed=passed, false_fail_rate=ALPHA,
+                   rule=all_of(_training_rule(gap, L_star, "paired R(trained) − L*"),
+                               rules.at_most(error, 0.05, strict=True, what="‖W_eff − W*‖/‖W*‖", basis=TRAINING_BASIS)),
                    details=[dict(gap=gap.mean, gap_se=gap.standard_error, L_star=L_star,
                                  final_odd_risk=run.last("risk"))],
                    figure=_training_figure({"attention": run}, {"$L^*$": L_star}, "Linear attention, setting A"))
@@ -424,8 +440,15 @@ def attention_spurious_branch(seed, n_prompts, seeds, steps):
     ends = [t.last("risk") for t in finals]
     at_optimum = [abs(r - L_star) < TRAINING_ALLOWANCE * L_star for r in ends]
     at_branch = [abs(r - L_one) < TRAINING_ALLOWANCE * L_one for r in ends]
-    passed = (t_gradient < t_bound and abs(t_risk) < t_bound and all(a or b for a, b in zip(at_optimum, at_branch))
-              and L_one > L_star)
+    branch_basis = f"t over {len(chunks)} independent batches of {chunk} prompts"
+    rule = all_of(rules.condition(t_gradient < t_bound and abs(t_risk) < t_bound,
+                                  f"|t| < {t_bound:.2f} for the branch's gradient and risk (Student t, {df} d.f., "
+                                  f"Bonferroni over {mean.size - 1} coordinates)", basis=branch_basis,
+                                  false_fail_rate=2 * ALPHA),
+                  rules.condition(all(a or b for a, b in zip(at_optimum, at_branch)),
+                                  f"each run within {TRAINING_ALLOWANCE:.0%} of L* or L*_1",
+                                  basis="training allowance as in the other training claims"),
+                  rules.at_least(L_one, L_star, strict=True, what="L*_1 (the branch)", basis=IDENTITY_BASIS))
     return Outcome(measured=dict(max_gradient_t=t_gradient, branch_risk_t=t_risk, runs_at_optimum=sum(at_optimum),
                                  runs_at_branch=sum(at_branch)),
                    predicted=dict(gradient_t=0.0, branch_risk_t=0.0, runs=seeds),
@@ -433,10 +456,7 @@ def attention_spurious_branch(seed, n_prompts, seeds, steps):
                                branch_risk_t="t of the branch risk against $L^*_1$",
                                runs_at_optimum="runs ending at $L^*$", runs_at_branch="runs ending at $L^*_1$",
                                runs="runs ending at one of the two"),
-                   tolerance=f"|t| < {t_bound:.2f} (Student t, {df} d.f., Bonferroni over {mean.size - 1} "
-                             f"coordinates); each run within {TRAINING_ALLOWANCE:.0%} of L* or L*_1",
-                   basis=f"t over {len(chunks)} independent batches of {chunk} prompts; training allowance as in "
-                         "the other training claims", passed=bool(passed), false_fail_rate=2 * ALPHA,
+                   rule=rule,
                    details=[dict(L_star=L_star, L_one=L_one, final_risks=ends)],
                    notes="The branch is stationary by the sign symmetry (§8.3); which runs reach it depends on the "
                          "initialisation, so the count is reported, not tested.",
@@ -474,11 +494,9 @@ def wpgd_risk_formula(seed, n_prompts):
         W = cf.optimal_weighted_preconditioner(problem, omega) + _random_preconditioner(rng, problem)
         mc = _mc(problem, lambda p, W=W, omega=omega: dyn.wpgd_predict(p, W, omega), n_prompts, mc_seed)
         rows.append(_mc_row(f"instance {i + 1}", mc, cf.wpgd_risk(problem, W, omega)))
-    worst = _z_outcome_rows(rows)
     return Outcome(measured=_ids(r["z"] for r in rows), predicted={f"z_{i + 1}": 0.0 for i in range(3)},
                    labels={f"z_{i + 1}": f"z, random instance {i + 1}" for i in range(3)},
-                   tolerance=f"|z| < {Z_TOLERANCE:g} each", basis=z_basis(), passed=worst < Z_TOLERANCE,
-                   details=rows, false_fail_rate=3 * ALPHA,
+                   rule=_z_rule(rows, "Monte-Carlo WPGD risk − closed form at each instance"), details=rows,
                    figure=_z_figure(rows, "WPGD risk with drift and heteroscedastic noise"))
 
 
@@ -500,12 +518,15 @@ def uniform_weights_optimal_iid(seed, starts):
                           method="BFGS", options=dict(gtol=1e-12))
         best = min(best, result.fun)
         spread = max(spread, float(np.ptp(result.x) / np.abs(result.x).mean()))
-    passed = best >= L_star - OPTIMISER and abs(best - L_star) < OPTIMISER and spread < 1e-4
     return Outcome(measured=dict(best_wpgd_risk=best, weight_spread=spread),
                    predicted=dict(best_wpgd_risk=L_star, weight_spread=0.0),
                    labels=dict(best_wpgd_risk="min_ω min_W R(W, ω)", weight_spread="(max ω − min ω)/mean ω"),
-                   tolerance=f"|min − L*| < {OPTIMISER:g}; spread < 1e-4",
-                   basis="deterministic: BFGS on a smooth closed form (gradient tolerance 1e-12)", passed=bool(passed),
+                   rule=all_of(rules.at_least(best, L_star - OPTIMISER, what=f"BFGS minimum (bound: L* − {OPTIMISER:g})",
+                                              basis=BFGS_BASIS + " on a smooth closed form"),
+                               rules.at_most(abs(best - L_star), OPTIMISER, strict=True, what="|min − L*|",
+                                             basis=BFGS_BASIS + " on a smooth closed form"),
+                               rules.at_most(spread, 1e-4, strict=True, what="weight spread (max ω − min ω)/mean ω",
+                                             basis=BFGS_BASIS + " on a smooth closed form")),
                    notes="An optimisation of closed forms; a figure would show constant weights.")
 
 
@@ -546,8 +567,6 @@ def heteroscedastic_optima(seed, n_prompts):
                        float(np.abs(v / v.sum() - forms["weights"]).max()))
     result = minimize(lambda w: cf.optimal_risk_for_weights(problem, w), np.ones(problem.n), method="BFGS",
                       options=dict(gtol=1e-12))
-    worst = _z_outcome_rows(rows)
-    passed = worst < Z_TOLERANCE and identity_gap < ROUND_OFF and result.fun >= L_h3 - OPTIMISER and L_h3 < L_att
     return Outcome(measured=dict(z_h3=rows[0]["z"], z_attention=rows[1]["z"], closed_form_gap=identity_gap,
                                  bfgs_weighted_minimum=float(result.fun)),
                    predicted=dict(z_h3=0.0, z_attention=0.0, closed_form_gap=0.0, h3_optimum=L_h3,
@@ -556,9 +575,14 @@ def heteroscedastic_optima(seed, n_prompts):
                                closed_form_gap="|Sherman–Morrison − linear solve|",
                                bfgs_weighted_minimum="BFGS min over ω of min_W R", h3_optimum="$L^*_{H3}$",
                                attention_optimum="$L^*_{ATT}$"),
-                   tolerance=f"|z| < {Z_TOLERANCE:g}; closed forms agree to {ROUND_OFF:g}; "
-                             f"BFGS ≥ L*_H3 − {OPTIMISER:g}",
-                   basis=z_basis(), passed=bool(passed), details=rows, false_fail_rate=2 * ALPHA,
+                   rule=all_of(_z_rule(rows, "Monte-Carlo risk of each optimum − its closed form"),
+                               rules.round_off(identity_gap, ROUND_OFF, what="|Sherman–Morrison − linear solve|",
+                                               basis=IDENTITY_BASIS),
+                               rules.at_least(float(result.fun), L_h3 - OPTIMISER,
+                                              what=f"BFGS min over ω (bound: L*_H3 − {OPTIMISER:g})", basis=BFGS_BASIS),
+                               rules.at_least(L_att, L_h3, strict=True, what="L*_ATT (above L*_H3)",
+                                              basis=IDENTITY_BASIS)),
+                   details=rows,
                    figure=_z_figure(rows, "Heteroscedastic noise: optimal H3 and attention risks"))
 
 
@@ -574,7 +598,6 @@ def drift_optima(seed, n_prompts):
     problem = _drift_problem()
     rows, L_h3, L_att, v = _weighting_rows(problem, n_prompts, seed)
     monotone = bool(np.all(np.diff(v) > 0))
-    worst = _z_outcome_rows(rows)
 
     def figure():
         fig, axes = plots.figure(ncols=2)
@@ -597,9 +620,11 @@ def drift_optima(seed, n_prompts):
                    labels=dict(z_h3="z of the H3 optimum's risk", z_attention="z of the attention optimum's risk",
                                weights_increasing="v* increasing towards the query", h3_optimum="$L^*_{H3}$",
                                attention_optimum="$L^*_{ATT}$"),
-                   tolerance=f"|z| < {Z_TOLERANCE:g}; v* strictly increasing; L*_H3 < L*_ATT", basis=z_basis(),
-                   passed=bool(worst < Z_TOLERANCE and monotone and L_h3 < L_att), details=rows,
-                   false_fail_rate=2 * ALPHA, figure=figure)
+                   rule=all_of(_z_rule(rows, "Monte-Carlo risk of each optimum − its closed form"),
+                               rules.condition(monotone, "v* strictly increasing towards the query", basis=IDENTITY_BASIS),
+                               rules.at_least(L_att, L_h3, strict=True, what="L*_ATT (above L*_H3)",
+                                              basis=IDENTITY_BASIS)),
+                   details=rows, figure=figure)
 
 
 @claim(
@@ -624,8 +649,6 @@ def trained_h3_beats_attention(seed, steps, batch_size, n_prompts):
                           seeding.named(seed, "mc_att"))
     learned = runs["h3"].states["omega"][-1]
     filter_error = float(np.abs(learned / learned.sum() - v / v.sum()).max() / (v / v.sum()).max())
-    passed = (_within_training_tolerance(gap_h3, L_h3) and _within_training_tolerance(gap_att, L_att)
-              and filter_error < 0.1)
 
     def figure():
         fig, axes = plots.figure(ncols=2)
@@ -649,8 +672,12 @@ def trained_h3_beats_attention(seed, steps, batch_size, n_prompts):
                                attention_gap="paired R(trained ATT) − $L^*_{ATT}$",
                                filter_error="max |learned − optimal| / max optimal weight",
                                h3_optimum="$L^*_{H3}$", attention_optimum="$L^*_{ATT}$"),
-                   tolerance=f"each gap < {TRAINING_ALLOWANCE:.0%}·optimum + {Z_TOLERANCE:g} SE; filter within 10%",
-                   basis=TRAINING_BASIS, passed=bool(passed), false_fail_rate=2 * ALPHA, figure=figure,
+                   rule=all_of(_training_rule(gap_h3, L_h3, "paired R(trained H3) − L*_H3"),
+                               _training_rule(gap_att, L_att, "paired R(trained ATT) − L*_ATT"),
+                               rules.at_most(filter_error, 0.1, strict=True,
+                                             what="max |learned − optimal filter| / max optimal weight",
+                                             basis=TRAINING_BASIS)),
+                   figure=figure,
                    details=[dict(h3_gap=gap_h3.mean, h3_se=gap_h3.standard_error, attention_gap=gap_att.mean,
                                  attention_se=gap_att.standard_error)])
 
@@ -682,7 +709,6 @@ def _correlated_moment_claim(seed, design, n_prompts):
     risk = _mc(problem, lambda p: dyn.pgd_predict(p, c_star * np.eye(problem.d)), n_prompts, risk_seed)
     rows = [_mc_row("A = E[y_q u]", A, moments.A), _mc_row("B = E[u²]", B, moments.B),
             _mc_row("risk of c*·I", risk, L_star)]
-    worst = _z_outcome_rows(rows)
 
     def figure():
         fig, ax = plots.figure()
@@ -700,8 +726,8 @@ def _correlated_moment_claim(seed, design, n_prompts):
                    predicted=dict(moment_a=moments.A, moment_b=moments.B, optimal_risk=L_star),
                    labels=dict(z_a="z of A", z_b="z of B", z_risk="z of the optimal risk", moment_a="A",
                                moment_b="B", optimal_risk="$L^*$"),
-                   tolerance=f"|z| < {Z_TOLERANCE:g} each", basis=z_basis(), passed=worst < Z_TOLERANCE,
-                   details=rows, false_fail_rate=3 * ALPHA, figure=figure)
+                   rule=_z_rule(rows, "Monte Carlo − closed form of each moment"),
+                   details=rows, figure=figure)
 
 
 @claim(
@@ -767,9 +793,11 @@ def alignment_multiplier_proportional(seed, d):
         return fig
 
     return Outcome(measured=dict(max_relative_deviation=worst), predicted=dict(max_relative_deviation=0.0),
-                   labels=dict(max_relative_deviation="max |n_eff/n ÷ κ − 1|"), tolerance="< 2%",
-                   basis="deterministic closed forms; 2% is the finite-d bias at d = 1000 (O(1/d) and O(ρ/d))",
-                   passed=worst < 0.02, details=rows, figure=figure)
+                   labels=dict(max_relative_deviation="max |n_eff/n ÷ κ − 1|"),
+                   rule=rules.at_most(worst, 0.02, strict=True, what="max |n_eff/n ÷ κ − 1|",
+                                      basis="deterministic closed forms; 2% is the finite-d bias at d = 1000 (O(1/d) "
+                                            "and O(ρ/d))"),
+                   details=rows, figure=figure)
 
 
 @claim(
@@ -830,9 +858,13 @@ def alignment_multiplier_fixed_alpha(seed, ns, n_prompts):
                            "ratio_over_kappa_d1000_quarter": "n_eff/(κn) at d = 1000, n = d/4",
                            "ratio_over_kappa_d1000_equal": "n_eff/(κn) at d = 1000, n = d",
                            "ratio_over_kappa": "n_eff/(κn) if the rule held"},
-                   tolerance="every ratio within 5% of κ (and the Monte-Carlo risks within 4 SE of the closed form)",
-                   basis="deterministic closed form, confirmed by Monte Carlo of the optimal predictor",
-                   passed=bool(worst < 0.05 and consistent), figure=figure,
+                   rule=all_of(rules.at_most(worst, 0.05, strict=True, what="max |ratio/κ − 1|",
+                                             basis="deterministic closed form, confirmed by Monte Carlo of the optimal "
+                                                   "predictor"),
+                               rules.condition(consistent, f"the Monte-Carlo risks within {Z_TOLERANCE:g} SE of the "
+                                               "closed form", basis="deterministic closed form, confirmed by Monte "
+                                                                    "Carlo of the optimal predictor")),
+                   figure=figure,
                    notes="Measured with σ² = 0. The Monte-Carlo risks agree with the closed form "
                          f"({'yes' if consistent else 'NO'}), so the gap to κ is real, not a closed-form error. "
                          "Against d at the same α, n_eff/(κn) does not tend to 1 but to a constant that depends on "
@@ -875,8 +907,7 @@ def trained_attention_rag(seed, steps, batch_size, n_prompts):
                    predicted=dict(risk_gap=0.0, optimal_risk=L_star),
                    labels=dict(risk_gap="paired R(trained) − $L^*_{\\rm RAG}$",
                                off_identity="‖W_eff − (tr W_eff/d)I‖/‖W_eff‖", optimal_risk="$L^*_{\\rm RAG}$"),
-                   tolerance=f"|gap| < {TRAINING_ALLOWANCE:.0%}·L* + {Z_TOLERANCE:g} SE", basis=TRAINING_BASIS,
-                   passed=_within_training_tolerance(gap, L_star), false_fail_rate=ALPHA, figure=figure,
+                   rule=_training_rule(gap, L_star, "paired R(trained) − L*_RAG"), figure=figure,
                    details=[dict(gap=gap.mean, gap_se=gap.standard_error)])
 
 
@@ -896,7 +927,11 @@ def rag_risk_floor(seed, d, n, n_prompts):
     mc = _mc(problem, lambda p: dyn.pgd_predict(p, c_star * np.eye(d)), n_prompts, seed)
     far = cf.isotropic_correlated_optimum("rag", d, 10**7, alpha, sigma2)[0]
     z = mc.z_score(L_star)
-    passed = abs(z) < Z_TOLERANCE and floor > sigma2 + 0.1 and 0 <= far - floor < 1e-4 and L_star > floor
+    floor_basis = "closed forms of the RAG risk (deterministic)"
+    rule = all_of(rules.z_test(z, what=f"Monte-Carlo optimal risk at n = {n} − L*"),
+                  rules.at_least(floor, sigma2 + 0.1, strict=True, what="floor (bound: σ² + 0.1)", basis=floor_basis),
+                  rules.condition(0 <= far - floor < 1e-4, "L*(10⁷) within 1e-4 above the floor", basis=floor_basis),
+                  rules.at_least(L_star, floor, strict=True, what=f"L* at n = {n} (above the floor)", basis=floor_basis))
 
     def figure():
         fig, ax = plots.figure()
@@ -919,8 +954,7 @@ def rag_risk_floor(seed, d, n, n_prompts):
                    labels=dict(z_risk=f"z of the optimal risk at n = {n}", risk_at_n=f"MC risk at n = {n}",
                                risk_at_1e7="closed-form $L^*$ at n = 10⁷", floor="floor $\\mathcal{L}_\\infty$",
                                noise="σ²"),
-                   tolerance=f"|z| < {Z_TOLERANCE:g}; floor > σ² + 0.1; L*(10⁷) within 1e-4 above the floor",
-                   basis=z_basis(), passed=bool(passed), false_fail_rate=ALPHA, figure=figure)
+                   rule=rule, figure=figure)
 
 
 # ==================================================================================================================
@@ -981,8 +1015,8 @@ def low_rank_optimum(seed, starts):
                    predicted={f"closed_form_r{row['r']}": row["closed_form"] for row in rows},
                    labels={**{f"bfgs_r{row['r']}": f"BFGS minimum, r = {row['r']}" for row in rows},
                            **{f"closed_form_r{row['r']}": f"$L^*_{row['r']}$" for row in rows}},
-                   tolerance=f"|BFGS − L*_r| < {OPTIMISER:g} and R(W*_r) = L*_r", passed=worst < OPTIMISER,
-                   basis="deterministic: BFGS gradient tolerance 1e-12 from several random starts",
+                   rule=rules.at_most(worst, OPTIMISER, strict=True, what="max |BFGS − L*_r| and |R(W*_r) − L*_r|",
+                                      basis=BFGS_BASIS + " from several random starts"),
                    details=rows, figure=figure)
 
 
@@ -996,7 +1030,7 @@ def low_rank_optimum(seed, starts):
 )
 def trained_low_rank_attention(seed, steps, batch_size, n_prompts):
     problem = cf.golden_setting_d()
-    runs, rows, ok = {}, [], True
+    runs, rows, parts = {}, [], []
     for r in (1, 2):
         run = dyn.train(problem, "attention", seed=seeding.named(seed, f"r{r}"), steps=steps, batch_size=batch_size,
                         rank=r, final_fraction=DECAY)
@@ -1006,14 +1040,13 @@ def trained_low_rank_attention(seed, steps, batch_size, n_prompts):
         gap = _paired_gap(problem, run, lambda p, W=W_r: dyn.pgd_predict(p, W), n_prompts,
                           seeding.named(seed, f"mc{r}"))
         rows.append(dict(r=r, gap=gap.mean, gap_se=gap.standard_error, L_r=L_r, odd_risk=run.last("risk")))
-        ok &= _within_training_tolerance(gap, L_r)
+        parts.append(_training_rule(gap, L_r, f"paired R(trained, d_k = {r}) − L*_{r}"))
     return Outcome(measured={f"gap_r{row['r']}": row["gap"] for row in rows},
                    predicted={**{f"gap_r{row['r']}": 0.0 for row in rows},
                               **{f"optimum_r{row['r']}": row["L_r"] for row in rows}},
                    labels={**{f"gap_r{row['r']}": f"paired R(trained) − $L^*_{row['r']}$" for row in rows},
                            **{f"optimum_r{row['r']}": f"$L^*_{row['r']}$" for row in rows}},
-                   tolerance=f"each |gap| < {TRAINING_ALLOWANCE:.0%}·L*_r + {Z_TOLERANCE:g} SE", basis=TRAINING_BASIS,
-                   passed=bool(ok), false_fail_rate=2 * ALPHA, details=rows,
+                   rule=all_of(*parts), details=rows,
                    figure=_training_figure(runs, {f"$L^*_{row['r']}$": row["L_r"] for row in rows},
                                            "Low-rank attention, setting D"))
 
@@ -1059,9 +1092,10 @@ def lora_formula(seed, starts):
         return fig
 
     return Outcome(measured=dict(max_abs_difference=worst), predicted=dict(max_abs_difference=0.0),
-                   labels=dict(max_abs_difference="max |BFGS − formula|"), tolerance=f"< {OPTIMISER:g}",
-                   basis="deterministic: BFGS gradient tolerance 1e-12 from several random starts", details=rows,
-                   passed=worst < OPTIMISER, figure=figure)
+                   labels=dict(max_abs_difference="max |BFGS − formula|"),
+                   rule=rules.at_most(worst, OPTIMISER, strict=True, what="max |BFGS − formula|",
+                                      basis=BFGS_BASIS + " from several random starts"),
+                   details=rows, figure=figure)
 
 
 @claim(
@@ -1088,15 +1122,18 @@ def lora_trace_free_exact(seed, trials):
         worst_residual = max(worst_residual, cf.lora_optimal_risk(new, W_old, 2) - cf.optimal_risk(new))
         moved = problem.replace(Psi=problem.Psi + 0.1 * np.outer(u, u))   # a trace-changing rank-1 control
         changing = min(changing, cf.lora_optimal_risk(moved, W_old, 1) - cf.optimal_risk(moved))
-    passed = worst_rank < 1e-10 and worst_residual < ROUND_OFF and changing > 1e-6
     return Outcome(measured=dict(sigma3_over_sigma1=worst_rank, lora_residual=worst_residual,
                                  trace_changing_residual=changing),
                    predicted=dict(sigma3_over_sigma1=0.0, lora_residual=0.0),
                    labels=dict(sigma3_over_sigma1="σ₃/σ₁ of W*_new − W*_old",
                                lora_residual="rank-2 LoRA risk − L*_new",
                                trace_changing_residual="rank-1 LoRA residual, trace-changing control (> 0)"),
-                   tolerance="σ₃/σ₁ < 1e-10; residual < 1e-12; the trace-changing control leaves a residual > 1e-6",
-                   basis="deterministic identity (Woodbury); float64 round-off", passed=bool(passed),
+                   rule=all_of(rules.at_most(worst_rank, 1e-10, strict=True, what="σ₃/σ₁ of W*_new − W*_old",
+                                             basis=WOODBURY_BASIS),
+                               rules.round_off(worst_residual, ROUND_OFF, what="rank-2 LoRA risk − L*_new",
+                                               basis=WOODBURY_BASIS),
+                               rules.at_least(changing, 1e-6, strict=True,
+                                              what="rank-1 residual of the trace-changing control", basis=WOODBURY_BASIS)),
                    notes="An exact rank identity: no figure.")
 
 
@@ -1123,10 +1160,10 @@ def trained_lora(seed, steps, batch_size):
                    labels=dict(final_risk="exact risk after training", relative_excess="(R − L*_LoRA)/L*_LoRA",
                                lora_optimum="$L^*_{\\rm LoRA}(1)$", start_risk="$R_{\\rm new}(W_0)$",
                                new_optimum="$L^*_{\\rm new}$"),
-                   tolerance="−1e-9 < relative excess < 0.5%",
-                   basis="the recorded risk is the exact closed form of the trained W₀ + UVᵀ, so only the "
-                         "optimisation error is tested (no sampling error); it cannot fall below the optimum",
-                   passed=bool(-1e-9 < relative < 0.005),
+                   rule=rules.condition(-1e-9 < relative < 0.005, "−1e-9 < (R − L*_LoRA)/L*_LoRA < 0.5%",
+                                        basis="the recorded risk is the exact closed form of the trained W₀ + UVᵀ, so "
+                                              "only the optimisation error is tested (no sampling error); it cannot "
+                                              "fall below the optimum"),
                    figure=_training_figure({"LoRA, r = 1": run}, {"$L^*_{\\rm LoRA}(1)$": target,
                                                                  "$L^*_{\\rm new}$": cf.optimal_risk(problem)},
                                            "Rank-1 LoRA, trace-changing shift"))
@@ -1157,7 +1194,6 @@ def gradient_flow_converges(seed, n_points):
                          final_excess=run.last("excess_risk"), final_distance=run.last("distance"), monotone=monotone))
         trajectories[label] = run
     worst_rate = max(abs(r["rate"] / r["predicted"] - 1) for r in rows)
-    passed = worst_rate < 0.01 and all(r["monotone"] and r["final_distance"] < 1e-8 for r in rows)
 
     def figure():
         fig, ax = plots.figure()
@@ -1178,8 +1214,12 @@ def gradient_flow_converges(seed, n_points):
                    labels={**{f"rate_{i + 1}": f"fitted rate, {r['setting']}" for i, r in enumerate(rows)},
                            **{f"predicted_rate_{i + 1}": f"2λ_min(H)λ_min(M), {r['setting']}" for i, r in
                               enumerate(rows)}},
-                   tolerance="rates within 1%; risk non-increasing; ‖W − W*‖ < 1e-8 at the end",
-                   basis="deterministic: DOPRI5 with rtol 1e-10 on a linear ODE", passed=bool(passed), details=rows,
+                   rule=all_of(rules.at_most(worst_rate, 0.01, strict=True, what="max |fitted rate / predicted − 1|",
+                                             basis=FLOW_BASIS),
+                               rules.condition(all(r["monotone"] for r in rows), "risk non-increasing", basis=FLOW_BASIS),
+                               rules.at_most([r["final_distance"] for r in rows], 1e-8, strict=True,
+                                             what="‖W − W*‖ at the end", basis=FLOW_BASIS)),
+                   details=rows,
                    figure=figure)
 
 

@@ -63,12 +63,13 @@ def round_off(deviation, level: float, *, what: str, basis: str) -> Rule:
     return Rule(bool(largest < level), f"{what} < {level:g}", basis)
 
 
-def at_most(value, bound: float, *, what: str, basis: str, strict: bool = False) -> Rule:
-    """Every ``value`` at most ``bound`` (below it when ``strict``), deterministically (no chance failure
-    allowed)."""
+def at_most(value, bound: float, *, what: str, basis: str, strict: bool = False,
+            false_fail_rate: float | None = None) -> Rule:
+    """Every ``value`` at most ``bound`` (below it when ``strict``): deterministically, or with the nominal
+    ``false_fail_rate`` of a bound built from standard errors."""
     largest = _largest(value)
     passed = largest < bound if strict else largest <= bound
-    return Rule(bool(passed), f"{what} {'<' if strict else '≤'} {bound:g}", basis)
+    return Rule(bool(passed), f"{what} {'<' if strict else '≤'} {bound:.3g}", basis, false_fail_rate)
 
 
 def at_least(value, bound: float, *, what: str, basis: str, strict: bool = False) -> Rule:
