@@ -36,6 +36,10 @@ def test_rates_come_from_the_same_k_and_count():
     t = rules.t_test([0.0, 0.0], 9, what="seed-means", k=4.0)
     assert t.false_fail_rate == pytest.approx(2 * 2 * scipy_stats.t.sf(4.0, 9))
     assert rules.round_off(0.0, 1e-12, what="x", basis="b").false_fail_rate is None
+    corrected = rules.z_test([0.0, 0.0], what="skewed means", rate_corrections=[1e-4, 2e-4], basis_note="Edgeworth")
+    assert corrected.false_fail_rate == pytest.approx(2 * two_sided_p(4.0) + 3e-4) and "Edgeworth" in corrected.basis
+    with pytest.raises(ValueError, match="one per comparison"):
+        rules.z_test([0.0, 0.0], what="m", rate_corrections=[1e-4])
     quantile = rules.t_quantile_test([0.0, 0.0], 9, 0.01, what="means")
     assert quantile.false_fail_rate == pytest.approx(0.02)
     bound = scipy_stats.t.isf(0.005, 9)

@@ -11,10 +11,11 @@ from attnflow.closed_forms import one_nn as cf
 from attnflow.closed_forms.one_nn import OneNNProblem
 from attnflow.dynamics import one_nn as dyn
 
-from . import plots
+from . import plots, rules
 from .claims import Outcome, claim
+from .rules import all_of
 from .systems import System
-from .stats import Z_TOLERANCE, fit_power_law, richardson_in_batch, two_sided_p, z_basis
+from .stats import Z_TOLERANCE, fit_power_law, richardson_in_batch, z_basis
 
 PAPER = "Li, Cao, Gao, He, Liu, Klusowski, Fan & Wang, NeurIPS 2024 (arXiv:2411.10830)"
 # The worked example of docs/one_nn.md §7: d = 4, N = 16, σ = 10, η = 200.
@@ -109,13 +110,12 @@ def quadrature_matches_monte_carlo(seed, n_prompts, points):
         predicted={"max_abs_z": 0.0},
         labels={"max_abs_z": "max |z|", "worst_comparison": "worst quantity"},
         # the three quantities at one point share their prompts: a union (Bonferroni) bound over every comparison
-        false_fail_rate=sum(two_sided_p(Z_TOLERANCE) + studentised_tail_correction(r["skewness_of_mean"])
-                            for r in rows),
-        tolerance=f"|z| < {Z_TOLERANCE:g} for each of {len(rows)} comparisons, z = (MC − quadrature)/√(SE² + err²)",
-        basis=z_basis() + "; err is the quadrature's Richardson error estimate; each point's prompts are raised "
-              f"until the mean's skewness is at most {MAX_MEAN_SKEWNESS:g}, and the stated rate adds the studentised "
-              "Edgeworth term of each mean's measured skewness",
-        passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows), details=rows, figure=figure,
+        rule=rules.z_test([r["z"] for r in rows], what="(MC − quadrature)/√(SE² + err²)",
+                          rate_corrections=[studentised_tail_correction(r["skewness_of_mean"]) for r in rows],
+                          basis_note="err is the quadrature's Richardson error estimate; each point's prompts are "
+                                     f"raised until the mean's skewness is at most {MAX_MEAN_SKEWNESS:g}, and the "
+                                     "stated rate adds the studentised Edgeworth term of each mean's measured skewness"),
+        details=rows, figure=figure,
         notes=(f"Largest skewness of a final mean: {max(abs(r['skewness_of_mean']) for r in rows):.3g} (the stated "
                "rate adds its Edgeworth term)"
                + ("; the prompt cap bound at " + ", ".join(sorted({f"ξ=({r['xi1']:g}, {r['xi2']:g})" for r in rows
@@ -165,17 +165,19 @@ def loss_to_zero(seed, steps, eta):
         plots.show_all_log_ticks(ax_xi, "y")
         return fig
 
+    growth_basis = ("deterministic (quadrature, ~1e-3 relative); the exponent tolerance is the O(1/ξ₁) correction "
+                    f"|L·ξ₁/C − 1| = {correction:.3f} at the start of the fit window t ∈ [{steps / 3:g}, {steps}]")
     return Outcome(
         measured={"xi1_exponent": fit.slope, "final_loss": float(loss[-1]), "loss_monotone": monotone,
                   "xi2_non_decreasing": xi2_up},
         predicted={"xi1_exponent": 1 / 3, "final_loss": "→ 0"},
         labels={"xi1_exponent": "exponent of ξ₁ in t", "final_loss": "final loss", "loss_monotone": "loss monotone",
                 "xi2_non_decreasing": "ξ₂ non-decreasing"},
-        tolerance=f"loss strictly decreasing; ∂L/∂ξ₂ <= its quadrature error along the path (ξ₂ never decreases); "
-                  f"|exponent − 1/3| <= {tolerance:.3f}",
-        basis="deterministic (quadrature, ~1e-3 relative); the exponent tolerance is the O(1/ξ₁) correction "
-              f"|L·ξ₁/C − 1| = {correction:.3f} at the start of the fit window t ∈ [{steps / 3:g}, {steps}]",
-        passed=monotone and xi2_up and abs(fit.slope - 1 / 3) <= tolerance, details=[
+        rule=all_of(rules.condition(monotone, "loss strictly decreasing", basis=growth_basis),
+                    rules.condition(xi2_up, "∂L/∂ξ₂ ≤ its quadrature error along the path (ξ₂ never decreases)",
+                                    basis=growth_basis),
+                    rules.exponent(fit.slope, 1 / 3, tolerance, what="exponent of ξ₁ in t", basis=growth_basis)),
+        details=[
             dict(step=int(s), xi1=a, xi2=b, loss=c) for s, a, b, c in zip(t[::10], xi1[::10], xi2[::10], loss[::10])],
         figure=figure)
 
@@ -238,17 +240,17 @@ def asymptotic_constant(seed, d, N, xi1_values):
                 "ratio_limit": "limit of L·ξ₁/C (measured: extrapolated quadratically in 1/ξ₁)",
                 "loss_constant": "C = (ln 2 − ½)·f_gap(0)"},
         figure=figure,
-        tolerance="|increment| of b_k = ξ_k(L_k ξ_k/C − 1) shrinks at each doubling of ξ₁, beyond the quadrature "
-                  "error of the b_k",
-        basis="if the limit were 1 + ε, b_k would grow like ε·ξ_k and its increments double; quadrature errors "
-              "are the Richardson estimates, scaled by ξ_k",
-        passed=shrinking,
+        rule=rules.condition(shrinking, "|increment| of b_k = ξ_k(L_k ξ_k/C − 1) shrinks at each doubling of ξ₁, "
+                                        "beyond the quadrature error of the b_k",
+                             basis="if the limit were 1 + ε, b_k would grow like ε·ξ_k and its increments double; "
+                                   "quadrature errors are the Richardson estimates, scaled by ξ_k"),
         details=[dict(xi1=x, ratio=r, quadrature_error=e, b=bk) for x, r, e, bk in zip(xs, ratios, errors, b)],
         notes="docs/one_nn.md §7: 1.031 at ξ₁ = 25 and 1.012 at ξ₁ = 100 for d = 4, N = 16.")
 
 
 # Family false-alarm probability of the two t-tests of full_gd_tracks_reduced (each at half of it).
 TRACKING_FAMILY_RATE = 1e-3
+WALK_BASIS = "a random walk of steps of size η/√B stays below T·η/√B; instability makes the entry O(1)"
 
 
 @claim(
@@ -322,14 +324,16 @@ def full_gd_tracks_reduced(seed, eta, steps, batch_size, seeds):
                 "label_indicator_final": "W[d, d+1] at the end: full GD / 0",
                 "xi1_final_at_batch_size": f"ξ₁ at the end at B = {batch_size} (before extrapolation)",
                 "xi2_final": "ξ₂ at the end: full GD / reduced (reported, not tested)"},
-        false_fail_rate=TRACKING_FAMILY_RATE,
         figure=figure,
-        tolerance=(f"|t| below the t quantile for each of ξ₁ (extrapolated from B = {batch_size} and "
-                   f"{2 * batch_size}) and W[d, d+1], after {steps} steps"),
-        basis=(f"Student t: ξ₁ with Welch–Satterthwaite degrees of freedom ({df_xi1:.1f}) from {seeds} seeds at "
-               f"each batch size, W[d, d+1] with {entries.size - 1}; two-sided {per_test:.1g} each, "
-               f"{TRACKING_FAMILY_RATE:g} for the pair"),
-        passed=all(abs(r["t"]) < r["critical"] for r in rows), details=rows,
+        rule=rules.condition(all(abs(r["t"]) < r["critical"] for r in rows),
+                             "|t| below its t quantile (" + ", ".join(f"{r['critical']:.2f}" for r in rows)
+                             + f") for ξ₁ (extrapolated from B = {batch_size} and {2 * batch_size}) and W[d, d+1], "
+                               f"after {steps} steps",
+                             basis=f"Student t: ξ₁ with Welch–Satterthwaite degrees of freedom ({df_xi1:.1f}) from "
+                                   f"{seeds} seeds at each batch size, W[d, d+1] with {entries.size - 1}; two-sided "
+                                   f"{per_test:.1g} each, {TRACKING_FAMILY_RATE:g} for the pair",
+                             false_fail_rate=TRACKING_FAMILY_RATE),
+        details=rows,
         notes=(f"Minibatch noise lowers the mean of ξ₁ by about 2/B (docs/one_nn.md §4): at B = {batch_size} the "
                f"seed-mean is {xi1_B.mean():.6g} against reduced GD's {reduced.states['xi1'][-1]:.6g}; the claim "
                "tests the extrapolation to B → ∞. ξ₂ is reported, not tested: its gradient is ~e^(-2σ) tiny here, "
@@ -376,9 +380,12 @@ def full_gd_leaves_manifold(seed, eta_small, eta_large, steps, batch_size):
         labels={"max_entry_small_eta": f"max |W[d,d+1]| at η = {eta_small:g}",
                 "max_entry_large_eta": f"max |W[d,d+1]| at η = {eta_large:g}",
                 "step_noise_small_eta": "small η: noise level η/√B of one step"},
-        tolerance=f"small η: max |W[d,d+1]| <= {steps:d}·(η/√B) (the random-walk bound); large η: > 0.5",
-        basis="a random walk of steps of size η/√B stays below T·η/√B; instability makes the entry O(1)",
-        passed=bool(small_entry <= steps * noise and large_entry > 0.5), figure=figure)
+        rule=all_of(rules.at_most(small_entry, steps * noise, what=f"max |W[d,d+1]| at η = {eta_small:g} (bound: "
+                                                                   f"{steps:d}·η/√B, the random-walk bound)",
+                                  basis=WALK_BASIS),
+                    rules.at_least(large_entry, 0.5, strict=True, what=f"max |W[d,d+1]| at η = {eta_large:g}",
+                                   basis=WALK_BASIS)),
+        figure=figure)
 
 
 def distribution_shift_figure(rows, delta: float):
@@ -428,10 +435,12 @@ def distribution_shift(seed, delta, checkpoints, n_prompts, eta):
                 "test_loss_last_checkpoint": "test loss at last checkpoint", "test_loss_trend": "trend",
                 "bound_last_checkpoint": "bound at last checkpoint"},
         # one one-sided 4-SE 'no increase' test per pair of checkpoints (the bound holds prompt by prompt)
-        false_fail_rate=(len(rows) - 1) * float(scipy_stats.norm.sf(Z_TOLERANCE)),
-        tolerance=f"no increase beyond {Z_TOLERANCE:g} combined SE between checkpoints, a decrease beyond it "
-                  "overall, and below the bound at every checkpoint",
-        basis=z_basis(), passed=decreasing and below, details=rows, figure=figure,
+        rule=all_of(rules.condition(decreasing, f"no increase beyond {Z_TOLERANCE:g} combined SE between checkpoints, "
+                                                "a decrease beyond it overall", basis=z_basis(),
+                                    false_fail_rate=(len(rows) - 1) * float(scipy_stats.norm.sf(Z_TOLERANCE))),
+                    rules.condition(below, "test loss ≤ the bound at every checkpoint",
+                                    basis="the bound holds prompt by prompt")),
+        details=rows, figure=figure,
         notes="The bound holds prompt by prompt; it is loose because e^{−ξ₁δ/2} decays slowly for δ = 0.1. Since ξ₁ "
               "grows like t^{1/3}, it decays like exp(−c·t^{1/3}) rather than the theorem's power of T (docs/one_nn.md §8).")
 
@@ -477,9 +486,10 @@ def context_length(seed, configs, steps):
         measured={"largest_loss_ratio": max(r["ratio"] for r in rows)},
         predicted={"largest_loss_ratio": "< 1/3"},
         labels={"largest_loss_ratio": "largest final/initial loss ratio"}, figure=figure,
-        tolerance="final/initial loss < 1/3 in every configuration (η = 50·d)",
-        basis="deterministic reduced GD on the quadrature",
-        passed=all(r["ratio"] < 1 / 3 for r in rows), details=rows)
+        rule=rules.at_most([r["ratio"] for r in rows], 1 / 3, strict=True,
+                           what="final/initial loss in every configuration (η = 50·d)",
+                           basis="deterministic reduced GD on the quadrature"),
+        details=rows)
 
 
 # ==================================================================================================

@@ -80,10 +80,11 @@ def at_least(value, bound: float, *, what: str, basis: str, strict: bool = False
 
 
 def z_test(z, *, what: str, k: float = Z_TOLERANCE, one_sided: bool = False,
-           errors: str = "Monte-Carlo standard errors") -> Rule:
+           errors: str = "Monte-Carlo standard errors", rate_corrections=(), basis_note: str = "") -> Rule:
     """|z| < k in each of the comparisons ``z`` (z < k when ``one_sided``: only an excess is a failure), each z a
     difference over its standard error, normal under the theory. The nominal false-FAIL rate is the union bound
-    over the comparisons."""
+    over the comparisons, each comparison's tail plus its entry of ``rate_corrections`` where given (an Edgeworth
+    term for a skewed mean, say); ``basis_note`` adds to the basis."""
     z = np.ravel(np.asarray(z, dtype=float))
     count = z.size
     per = float(scipy_stats.norm.sf(k)) if one_sided else two_sided_p(k)
@@ -91,8 +92,12 @@ def z_test(z, *, what: str, k: float = Z_TOLERANCE, one_sided: bool = False,
     where = f" in each of {count} comparisons" if count > 1 else ""
     side = "one-sided" if one_sided else "two-sided"
     statistic = "z" if one_sided else "|z|"
-    return Rule(passed, f"{statistic} < {k:g} ({what}){where}",
-                f"{k:g} {errors} ({side} false-alarm probability {per:.1g} per comparison)", count * per)
+    corrections = list(rate_corrections)
+    if corrections and len(corrections) != count:
+        raise ValueError(f"rate_corrections: one per comparison ({count}), got {len(corrections)}")
+    rate = float(sum(per + c for c in corrections)) if corrections else count * per
+    basis = f"{k:g} {errors} ({side} false-alarm probability {per:.1g} per comparison)"
+    return Rule(passed, f"{statistic} < {k:g} ({what}){where}", basis + (f"; {basis_note}" if basis_note else ""), rate)
 
 
 def t_test(t, df: int, *, what: str, k: float = Z_TOLERANCE, errors: str = "standard errors over seeds") -> Rule:
