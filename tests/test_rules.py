@@ -45,6 +45,9 @@ def test_rates_come_from_the_same_k_and_count():
     bound = scipy_stats.t.isf(0.005, 9)
     assert not rules.t_quantile_test([bound], 9, 0.01, what="m").passed
     assert rules.t_quantile_test([np.nextafter(bound, 0)], 9, 0.01, what="m").passed
+    built_from_ses = rules.at_most(0.5, 1.0, what="|gap|", basis="b", strict=True, false_fail_rate=6e-5)
+    assert built_from_ses.passed and built_from_ses.false_fail_rate == 6e-5
+    assert rules.at_most(0.5, 1.0, what="|gap|", basis="b").false_fail_rate is None
     at_edge = dict(fitted=-0.25, predicted=-0.5, tolerance=0.25, what="s", basis="b")  # |−0.25 + 0.5| = 0.25 exactly
     assert rules.exponent(**at_edge).passed and not rules.exponent(**at_edge, strict=True).passed
 
