@@ -354,10 +354,6 @@ def _paired_gap(problem, trajectory, reference, n_prompts, seed, W0=None):
     return dyn.paired_risk_difference(problem, dyn.trained_predictor(trajectory, W0), reference, n_prompts, seed=seed)
 
 
-def _within_training_tolerance(gap, optimum):
-    return bool(abs(gap.mean) < TRAINING_ALLOWANCE * optimum + Z_TOLERANCE * gap.standard_error)
-
-
 def _training_rule(gap, optimum, what: str) -> rules.Rule:
     """|paired gap| < TRAINING_ALLOWANCE·optimum + Z_TOLERANCE SE (§8.1), the verdict of every training claim."""
     return rules.at_most(abs(gap.mean), TRAINING_ALLOWANCE * optimum + Z_TOLERANCE * gap.standard_error, strict=True,
