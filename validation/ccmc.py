@@ -36,8 +36,11 @@ BOOTSTRAP_LEVEL = 0.95
 IDENTITY_NOTE = "No figure: an exact identity checked to round-off, whose one number says all a picture would."
 IDENTITY_BASIS = "exact identity; only float64 round-off separates the two"
 SUM_ROUND_OFF = 1e-10  # round-off of float64 sums over n samples of O(1) terms (relative, n up to 4000)
-FISHER_BASIS = ("exact: Fisher information by enumerating every prompt of the support (rank cut 1e-9 × largest "
-                "eigenvalue); likelihoods in float64")
+FISHER_RANK_BASIS = ("exact: Fisher information by enumerating every prompt of the support (rank cut 1e-9 × largest "
+                     "eigenvalue)")
+FISHER_BASIS = FISHER_RANK_BASIS + "; likelihoods in float64"
+# Pr(y = k | X) ∝ m_k P_{x_L,k} vanishes when m_k = 0 (§3, eq. 3.1): a token absent from the prompt is never drawn.
+OFF_SUPPORT_BASIS = "exact: a token outside the prompt has probability 0"
 
 # Paper statements found not to hold in our measurements: claim name -> one sentence and the docs section.
 FINDINGS: dict = {}
@@ -46,11 +49,6 @@ FINDINGS: dict = {}
 def t_critical(df: int) -> float:
     """The Student t quantile with the two-sided tail ALPHA: the |t| bound for a mean over df + 1 runs."""
     return float(scipy_stats.t.isf(ALPHA / 2, df))
-
-
-def t_basis(df: int) -> str:
-    return (f"Student t with {df} d.f. at the two-sided level of {Z_TOLERANCE:g} normal standard errors "
-            f"(false-FAIL probability {ALPHA:.1g} per comparison)")
 
 
 def exponent_check(x, y, predicted, *, seed, quantile=None, allowance=0.0) -> dict:
@@ -208,7 +206,7 @@ def sampled_frequencies(seed, K, d, length, draws):
                    rule=all_of(rules.z_test(z[support], what="frequency − law of each token in the prompt",
                                             errors="binomial standard errors"),
                                rules.at_most(off_support, 0.0, what="frequency of draws outside the prompt",
-                                             basis="exact: a token outside the prompt has probability 0")),
+                                             basis=OFF_SUPPORT_BASIS)),
                    details=rows, figure=figure)
 
 
@@ -366,8 +364,7 @@ def fisher_rank_query_excluded(seed, L):
                                             for r in rows),
                                         "numerical rank = the graph formula, and the formula = the worked values "
                                         + ", ".join(str(e) for e in expected),
-                                        basis="exact: Fisher information by enumeration; rank cut 1e-9 × largest "
-                                              "eigenvalue"),
+                                        basis=FISHER_RANK_BASIS),
                    details=rows)
 
 
@@ -527,7 +524,7 @@ def uniform_chain_constant(seed, Ks, length_factor, prompts, batches):
                                           what="Monte Carlo − the finite-L value, at every K",
                                           errors=f"a jackknife over {batches} batches"),
                     rules.condition(all(0 < r["relative_gap_to_limit"] < 2 / r["L"] for r in rows),
-                                    "the finite-L value above K(K − 1) by a relative gap below 2/L",
+                                    "at every K, the finite-L value above K(K − 1) by a relative gap below 2/L",
                                     basis="the limit is approached at rate O(1/L) by §5.6")),
         details=rows)
 
@@ -664,7 +661,7 @@ def support_invariance(seed, K, d, X0, steps, runs):
                    figure=figure,
                    rule=rules.condition(all(r["emitted"] == support for r in rows),
                                         "the tokens emitted are exactly the support of X0, for each query variant",
-                                        basis=f"exact: a token outside the prompt has probability 0; each token of X0 "
+                                        basis=f"{OFF_SUPPORT_BASIS}; each token of X0 "
                                               f"has probability at least min P/L per step, so all are emitted in "
                                               f"{runs}×{steps} draws w.p. ≈ 1",
                                         false_fail_rate=min(1.0, never)),
