@@ -309,3 +309,18 @@ def test_a_figure_given_as_a_lambda_is_left_out_too():
     source = CLAIM_SOURCE.replace("figure=figure)", "figure=lambda: plots.curve(estimate))")
     drawn_otherwise = source.replace("plots.curve(estimate)", "plots.curve(estimate, log=True)")
     assert calibration.assertion_digest(source) == calibration.assertion_digest(drawn_otherwise)
+
+
+def test_a_record_reused_from_another_calibration_takes_its_place_in_this_one(tmp_path, monkeypatch, few_seeds_tell):
+    """The store keys a run by its seed, not by its place in a calibration: `--seed 1`'s record written as
+    replicate 0 of a calibration from seed 1 is replicate 1 of one from seed 0, and its witness and failing seed are
+    seed 1's."""
+    store = tmp_path / "store"
+    real = cf.icl_risk
+    monkeypatch.setattr(cf, "icl_risk", lambda *args: 1.05 * real(*args))  # every seed fails: seeds are listed
+    later = calibration.calibrate(CLAIM, seeds=1, first_seed=1, store=store, n_jobs=1)
+    assert later.failing_seeds == (1,) and later.witnesses[0][0] == 1
+    found = calibration.calibrate(CLAIM, seeds=2, first_seed=0, store=store, n_jobs=1)
+    assert (found.computed, found.reused) == (1, 1)
+    assert found.failing_seeds == (0, 1)
+    assert [w[0] for w in found.witnesses] == [0, 1] and found.witnesses[1] == later.witnesses[0]

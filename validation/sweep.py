@@ -319,7 +319,9 @@ def run_replicates(target: str, grid: dict, *, master_seed: seeding.SeedLike, se
             bar.update(1)
     finally:
         bar.close()
-    records = [store.load(t.key) for t in tasks]
+    # A key names a run, not its place in this sweep: the record of `--seed 1` written by another calibration (or
+    # a verification) as its replicate 0 is this one's replicate 1. Each record takes its task's place.
+    records = [dict(store.load(t.key), replicate=t.replicate) for t in tasks]
     extra = dict(quarantined=list(store.quarantined)) if store.quarantined else {}
     law = target_law(target)
     return SweepResult(target=target, grid=grid, seeds=int(seeds), records=records, computed=len(pending),
