@@ -90,3 +90,25 @@ def test_statuses_are_their_text_and_carry_their_meaning():
     assert Status.PASS == "PASS" and f"{Status.FINDING}" == "FINDING" and json.dumps([Status.ERROR]) == '["ERROR"]'
     assert Status("FAIL") is Status.FAIL and Status.FINDING.as_registered and not Status.FAIL.as_registered
     assert all(status.meaning for status in Status)
+
+
+def test_within_decides_each_value_against_its_own_interval():
+    rule = rules.within([0.9, 1.2], [0.8, 0.7], [1.1, 1.2], what="ratio", basis="b", false_fail_rate=1e-3)
+    assert rule.passed and rule.false_fail_rate == 1e-3  # the family's rate, as given
+    assert rule.tolerance == "ratio inside its interval in each of 2 comparisons (lower ends 0.7–0.8, upper 1.1–1.2)"
+    assert not rules.within([0.9, 1.2], [0.8, 0.7], [1.1, 1.2], what="ratio", basis="b", strict=True).passed
+    single = rules.within(-1.0, -1.2, -0.9, what="exponent", basis="b")
+    assert single.passed and single.tolerance == "exponent in [-1.2, -0.9]"
+    assert not rules.within(np.nan, -1.0, 1.0, what="z", basis="b").passed
+
+
+def test_independent_parts_combine_their_rates_exactly():
+    """Parts testing independent samples fail together with probability 1 − Π(1 − rᵢ): checked by simulation
+    against the union bound, which overstates it."""
+    p = 0.2
+    parts = [rules.condition(True, "x", basis="b", false_fail_rate=p) for _ in range(3)]
+    assert rules.all_of(*parts, independent=True).false_fail_rate == pytest.approx(1 - 0.8**3)
+    assert rules.all_of(*parts).false_fail_rate == pytest.approx(0.6)
+    draws = np.random.default_rng(3).random((200_000, 3)) < p
+    assert draws.any(axis=1).mean() == pytest.approx(1 - 0.8**3, abs=4 * np.sqrt(0.488 * 0.512 / 200_000))
+    assert rules.all_of(rules.round_off(0.0, 1e-12, what="g", basis="b"), independent=True).false_fail_rate is None

@@ -16,11 +16,14 @@ The rules:
 * :func:`t_test` — the same with Student's t at ``df`` degrees of freedom (a seed-mean over few seeds);
   :func:`t_quantile_test` the t quantile of a stated two-sided level per comparison;
 * :func:`exponent` — a fitted rate within its tolerance of the predicted one;
+* :func:`within` — each value inside its own interval (a confidence interval, a χ²_ν/ν acceptance interval, a
+  Student-t bound on each entry's degrees of freedom), at a stated family-wise rate;
 * :func:`condition` — a deterministic statement the paper makes on every instance, stated in words with its
   numbers (strictly increasing, every run escaped, …), for what the other rules cannot express.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +31,8 @@ from scipy import stats as scipy_stats
 
 from .stats import Z_TOLERANCE, two_sided_p
 
-__all__ = ["Rule", "round_off", "at_most", "at_least", "z_test", "t_test", "t_quantile_test", "exponent", "condition",
-           "all_of"]
+__all__ = ["Rule", "round_off", "at_most", "at_least", "z_test", "t_test", "t_quantile_test", "exponent", "within",
+           "condition", "all_of"]
 
 
 @dataclass(frozen=True)
@@ -137,17 +140,42 @@ def exponent(fitted, predicted: float, tolerance, *, what: str, basis: str,
     return Rule(passed, f"|{what} {offset}| {'<' if strict else '≤'} {bound}", basis, false_fail_rate)
 
 
+def within(values, low, high, *, what: str, basis: str, false_fail_rate: float | None = None,
+           strict: bool = False) -> Rule:
+    """Each of ``values`` inside its interval [``low``, ``high``] (open when ``strict``); ``low`` and ``high`` are a
+    number or one per value. ``false_fail_rate`` is the family's: the chance that any value falls outside its
+    interval when the theory holds (the basis says how the intervals share it)."""
+    values = np.ravel(np.asarray(values, dtype=float))
+    low = np.broadcast_to(np.asarray(low, dtype=float), values.shape)
+    high = np.broadcast_to(np.asarray(high, dtype=float), values.shape)
+    inside = (low < values) & (values < high) if strict else (low <= values) & (values <= high)
+    if values.size == 1:
+        bracket = "(" if strict else "["
+        where = f"in {bracket}{low[0]:.4g}, {high[0]:.4g}{')' if strict else ']'}"
+    else:
+        where = (f"inside its interval in each of {values.size} comparisons (lower ends {low.min():.3g}–"
+                 f"{low.max():.3g}, upper {high.min():.3g}–{high.max():.3g})")
+    return Rule(bool(np.all(inside)), f"{what} {where}", basis, false_fail_rate)
+
+
 def condition(holds: bool, statement: str, *, basis: str, false_fail_rate: float | None = None) -> Rule:
     """A statement the check makes in words (with its numbers), decided by ``holds``."""
     return Rule(bool(holds), statement, basis, false_fail_rate)
 
 
-def all_of(*rules: Rule) -> Rule:
+def all_of(*rules: Rule, independent: bool = False) -> Rule:
     """Every rule passes. The sentences and distinct bases are joined; the nominal false-FAIL rate is the sum of
-    the parts' (the union bound), None when no part allows a chance failure."""
+    the parts' (the union bound), or 1 − Π(1 − rᵢ) when the parts are ``independent`` (they test independent
+    samples), None when no part allows a chance failure."""
     if not rules:
         raise ValueError("all_of needs at least one rule")
     bases = list(dict.fromkeys(rule.basis for rule in rules))
     rates = [rule.false_fail_rate for rule in rules if rule.false_fail_rate is not None]
+    if not rates:
+        rate = None
+    elif independent:
+        rate = 1 - math.prod(1 - r for r in rates)
+    else:
+        rate = float(sum(rates))
     return Rule(all(rule.passed for rule in rules), "; ".join(rule.tolerance for rule in rules), "; ".join(bases),
-                float(sum(rates)) if rates else None)
+                rate)
