@@ -97,6 +97,8 @@ def test_within_decides_each_value_against_its_own_interval():
     assert rule.passed and rule.false_fail_rate == 1e-3  # the family's rate, as given
     assert rule.tolerance == "ratio inside its interval in each of 2 comparisons (lower ends 0.7–0.8, upper 1.1–1.2)"
     assert not rules.within([0.9, 1.2], [0.8, 0.7], [1.1, 1.2], what="ratio", basis="b", strict=True).passed
+    symmetric = rules.within([0.5, -3.0], [-2.0, -4.0], [2.0, 4.0], what="z", basis="b", strict=True)
+    assert symmetric.passed and symmetric.tolerance == "z inside its interval in each of 2 comparisons (±2–4)"
     single = rules.within(-1.0, -1.2, -0.9, what="exponent", basis="b")
     assert single.passed and single.tolerance == "exponent in [-1.2, -0.9]"
     assert not rules.within(np.nan, -1.0, 1.0, what="z", basis="b").passed

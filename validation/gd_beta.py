@@ -16,10 +16,11 @@ from attnflow.closed_forms.gd_beta import GDBetaProblem
 from attnflow.dynamics import gd_beta as dyn
 from attnflow.dynamics.montecarlo import Trajectory
 
-from . import plots, stats
+from . import plots, rules, stats
 from .claims import Outcome, ScalingLaw, claim, observable
+from .rules import all_of
 from .systems import Parameter, System
-from .stats import Z_TOLERANCE, fit_exponential_rate, ratio_standard_error, two_sided_p, z_basis
+from .stats import Z_TOLERANCE, fit_exponential_rate, ratio_standard_error
 
 PAPER = "Zhang, Wu & Bartlett, NeurIPS 2024 (arXiv:2402.14951)"
 
@@ -94,9 +95,8 @@ def risk_formula(seed, n_prompts, d, N):
         measured={"risk_worst_config": worst["monte_carlo"], "max_abs_z": abs(worst["z"])},
         predicted={"risk_worst_config": worst["closed_form"]},
         labels={"risk_worst_config": "ICL risk (worst config): Monte Carlo / closed form", "max_abs_z": "max |z|"},
-        tolerance=f"|z| < {Z_TOLERANCE:g} in each of {len(rows)} configurations",
-        basis=z_basis(), false_fail_rate=len(rows) * two_sided_p(Z_TOLERANCE),
-        passed=all(abs(r["z"]) < Z_TOLERANCE for r in rows), details=rows, figure=figure)
+        rule=rules.z_test([r["z"] for r in rows], what="Monte Carlo − closed form, one per configuration"),
+        details=rows, figure=figure)
 
 
 # ==================================================================================================
@@ -157,14 +157,19 @@ def optimal_parameters(seed, d, N, n_starts, n_prompts):
                          standard_error=mc.standard_error, z=mc.z_score(exact)))
 
     risk_tol, grad_tol, argmin_tol = 1e-9, 1e-9, 1e-4
-    passed = (
-        abs(R_eigen - R_star) <= 1e-12 * R_star
-        and grad_norm <= grad_tol * (1 + R_star)
-        and best.fun >= R_star * (1 - 1e-12)
-        and best.fun - R_star <= risk_tol * R_star
-        and argmin_error <= argmin_tol
-        and all(abs(r["z"]) < Z_TOLERANCE and r["closed_form_increase"] > 0 for r in rows)
-    )
+    optimisation = "L-BFGS-B at gtol 1e-13 (round-off level for a smooth quartic)"
+    rule = all_of(
+        rules.at_most(abs(R_eigen - R_star), 1e-12 * R_star, what="|R* (eigen form) − R*|",
+                      basis="two closed forms of one number: float64 round-off"),
+        rules.at_most(grad_norm, grad_tol * (1 + R_star), what=f"|∇R| at (β*, Γ*) ({grad_tol:g}·(1 + R*))",
+                      basis=optimisation),
+        rules.at_least(best.fun, R_star * (1 - 1e-12), what="L-BFGS minimum (never below R*)", basis=optimisation),
+        rules.at_most(best.fun - R_star, risk_tol * R_star, what=f"L-BFGS minimum − R* ({risk_tol:g}·R*)",
+                      basis=optimisation),
+        rules.at_most(argmin_error, argmin_tol, what="argmin error", basis=optimisation),
+        rules.at_least([r["closed_form_increase"] for r in rows], 0.0, strict=True,
+                       what="closed-form increase along Δ", basis="R* is the strict minimum"),
+        rules.z_test([r["z"] for r in rows], what="paired Monte Carlo − closed-form increase"))
 
     def figure():
         fig, ax = plots.figure()
@@ -185,12 +190,7 @@ def optimal_parameters(seed, d, N, n_starts, n_prompts):
         labels={"optimal_risk": "min over L-BFGS starts / R* (5.2)", "optimal_risk_eigen_form": "R* eigen form",
                 "gradient_norm_at_optimum": "|grad R| at (β*, Γ*)", "argmin_error": "argmin error",
                 "max_abs_z_paired": "max |z| paired MC"},
-        false_fail_rate=len(rows) * two_sided_p(Z_TOLERANCE),
-        tolerance=f"L-BFGS min within {risk_tol:g}·R* and never below R*; |grad| <= {grad_tol:g}(1+R*); argmin "
-                  f"within {argmin_tol:g}; paired MC |z| < {Z_TOLERANCE:g} with positive increase",
-        basis="optimisation: L-BFGS-B at gtol 1e-13 (round-off level for a smooth quartic); sampling: "
-              + z_basis(),
-        passed=bool(passed), details=rows, figure=figure)
+        rule=rule, details=rows, figure=figure)
 
 
 # ==================================================================================================
@@ -245,10 +245,13 @@ def ltb_equals_gd_beta(seed, d, N, beta_norms, n_prompts):
         predicted={"max_relative_ltb_gap": 0.0, "embedding_relative_error": 0.0},
         labels={"max_relative_ltb_gap": "max |inf LTB − R*| / R*", "embedding_relative_error": "embedding relative error"},
         figure=figure,
-        tolerance=f"relative gap <= {optimiser_tol:g}; embedding error <= {embedding_tol:g}",
-        basis="deterministic: the read-out is solved exactly, the value direction by BFGS at gtol 1e-12 "
-              "(risk error ~ gtol²/curvature); the embedding is exact up to float64 round-off",
-        passed=bool(worst <= optimiser_tol and embedding_error <= embedding_tol), details=rows)
+        rule=all_of(
+            rules.at_most(worst, optimiser_tol, what="max |inf LTB − R*|/R*",
+                          basis="the read-out is solved exactly, the value direction by BFGS at gtol 1e-12 (risk "
+                                "error ~ gtol²/curvature)"),
+            rules.at_most(embedding_error, embedding_tol, what="embedding relative error",
+                          basis="the embedding is exact up to float64 round-off")),
+        details=rows)
 
 
 # ==================================================================================================
@@ -300,13 +303,16 @@ def lsa_gap(seed, beta_norms, N, n_prompts):
     R_stars = np.array([r["R_star"] for r in rows])
     zero_tol = 1e-8
     at_zero = [r["gap"] for r in rows if r["beta_norm_H"] == 0.0]
-    passed = (
-        all(abs(g) <= zero_tol for g in at_zero)
-        and np.all(np.diff(gaps) > 0)
-        and all(-zero_tol <= r["gap"] <= r["gd0_gap"] + zero_tol for r in rows)
-        and np.ptp(R_stars) <= 1e-12 * R_stars.max()
-        and abs(z) < Z_TOLERANCE
-    )
+    reduction = "exact reduction (BFGS on the value direction, gtol 1e-12)"
+    rule = all_of(
+        rules.at_most(np.abs(at_zero), zero_tol, what="|gap| at β* = 0", basis=reduction),
+        rules.at_least(np.diff(gaps), 0.0, strict=True, what="increase of the gap between successive ‖β*‖",
+                       basis=reduction),
+        rules.within(gaps, -zero_tol, [r["gd0_gap"] + zero_tol for r in rows],
+                     what=f"gap (interval [−{zero_tol:g}, GD-0 gap + {zero_tol:g}])", basis=reduction),
+        rules.at_most(np.ptp(R_stars), 1e-12 * R_stars.max(), what="spread of R* over ‖β*‖ (1e-12 relative)",
+                      basis="R* does not depend on β*: float64 round-off"),
+        rules.z_test(z, what="sampled − exact optimal-LSA risk"))
 
     def figure():
         return lsa_gap_figure([r["beta_norm_H"] for r in rows], gaps, N)
@@ -320,11 +326,7 @@ def lsa_gap(seed, beta_norms, N, n_prompts):
         labels={"gap_at_largest_beta_norm": "gap at largest ‖β*‖", "gap_at_zero_beta": "gap at β* = 0",
                 "optimal_lsa_risk": "optimal-LSA risk: sampled / exact", "z_sampled_vs_exact": "z (sampled vs exact)",
                 "gd0_bound_at_largest_beta_norm": "GD-0 bound at largest ‖β*‖"},
-        false_fail_rate=two_sided_p(Z_TOLERANCE),
-        tolerance=f"|gap(0)| <= {zero_tol:g}; gaps strictly increasing and in [0, GD-0 gap]; R* constant to 1e-12; "
-                  f"sampled |z| < {Z_TOLERANCE:g}",
-        basis="exact reduction (BFGS on the value direction, gtol 1e-12); sampling: " + z_basis(),
-        passed=bool(passed), details=rows, figure=figure)
+        rule=rule, details=rows, figure=figure)
 
 
 # ==================================================================================================
@@ -364,12 +366,19 @@ def bayes_constant_factor(seed, N_values, n_contexts):
     reference = problem_at(N_values[0])
     bound = 1 + 2 * cf.snr(reference)
     limit = cf.large_context_ratio_limit(reference)
-    passed = all(
-        r["ratio"] >= 1 - Z_TOLERANCE * r["ratio_se"]
-        and r["ratio"] <= bound + Z_TOLERANCE * r["ratio_se"]
-        and r["sandwich_lower"] <= r["excess_gd"] <= r["sandwich_upper"]
-        for r in rows
-    )
+    ratios, ratio_ses = np.array([r["ratio"] for r in rows]), np.array([r["ratio_se"] for r in rows])
+    # one one-sided 4-SE bound per N can be near its limit (the two bounds are far apart): one comparison per N
+    rule = all_of(
+        rules.within(ratios, 1 - Z_TOLERANCE * ratio_ses, bound + Z_TOLERANCE * ratio_ses,
+                     what=f"ratio (interval [1 − {Z_TOLERANCE:g} SE, 1 + 2·SNR + {Z_TOLERANCE:g} SE])",
+                     false_fail_rate=len(rows) * float(scipy_stats.norm.sf(Z_TOLERANCE)),
+                     basis=f"{Z_TOLERANCE:g} standard errors of the Bayes-risk Monte Carlo (delta method for the "
+                           "ratio), one-sided at the nearer bound (false-alarm probability "
+                           f"{scipy_stats.norm.sf(Z_TOLERANCE):.1g} per N)"),
+        rules.within([r["excess_gd"] for r in rows], [r["sandwich_lower"] for r in rows],
+                     [r["sandwich_upper"] for r in rows],
+                     what="R* − σ² (interval: the sandwich ½Σmin(ψᵢ, σ²/(N+1)) to 2(1+SNR)Σmin(ψᵢ, σ²/N))",
+                     basis="exact: closed forms on both sides"))
 
     def figure():
         fig, ax = plots.figure(width=6.6)
@@ -392,11 +401,7 @@ def bayes_constant_factor(seed, N_values, n_contexts):
         predicted={"upper_bound": bound, "lower_bound": 1.0, "large_context_limit": limit},
         labels={"largest_ratio": "largest ratio", "context_length_of_largest_ratio": "at N", "smallest_ratio": "smallest ratio",
                 "upper_bound": "upper bound 1 + 2·SNR", "lower_bound": "lower bound", "large_context_limit": "N → ∞ limit"},
-        # one one-sided 4-SE bound per N can be near its limit (the two bounds are far apart)
-        false_fail_rate=len(rows) * float(scipy_stats.norm.sf(Z_TOLERANCE)),
-        tolerance=f"1 − {Z_TOLERANCE:g} SE <= ratio <= 1 + 2·SNR + {Z_TOLERANCE:g} SE at every N; sandwich exact",
-        basis=z_basis(what="standard errors of the Bayes-risk Monte Carlo (delta method for the ratio)"),
-        passed=bool(passed), details=rows, figure=figure,
+        rule=rule, details=rows, figure=figure,
         notes="docs/gd_beta.md §8 reports ratios 1.047, 1.130, 1.241, 1.367, 1.507, 1.589, 1.654 at N = 2…200.")
 
 
@@ -417,8 +422,13 @@ def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
     bounded_constant = 1 + 2 * rows[0]["snr"]
     ratios = np.array([r["ratio"] for r in rows])
     ses = np.array([r["ratio_se"] for r in rows])
-    increasing = np.all(np.diff(ratios) > Z_TOLERANCE * np.hypot(ses[1:], ses[:-1]))
-    exceeds = ratios[-1] - Z_TOLERANCE * ses[-1] > bounded_constant
+    effect = (f"an effect the negative control predicts, resolved at {Z_TOLERANCE:g} standard errors of the "
+              "Bayes-risk Monte Carlo: a requirement on power, not a chance alarm at a stated rate")
+    rule = all_of(
+        rules.at_least(np.diff(ratios) / np.hypot(ses[1:], ses[:-1]), Z_TOLERANCE, strict=True,
+                       what="rise of the ratio as σ² falls / combined SE", basis=effect),
+        rules.at_least((ratios[-1] - bounded_constant) / ses[-1], Z_TOLERANCE, strict=True,
+                       what="(last ratio − bounded-SNR constant)/SE", basis=effect))
 
     def figure():
         fig, ax = plots.figure(width=6.6)
@@ -439,10 +449,7 @@ def bayes_factor_needs_bounded_snr(seed, sigma2_values, N, n_contexts):
         predicted={"bounded_snr_constant": bounded_constant},
         labels={"ratio_at_smallest_sigma2": "ratio at smallest σ²", "ratio_at_unit_sigma2": "ratio at σ² = 1",
                 "bounded_snr_constant": "bounded-SNR constant (to be exceeded)"},
-        tolerance=f"ratios strictly increasing by > {Z_TOLERANCE:g} combined SE; last ratio − {Z_TOLERANCE:g} SE "
-                  "> bounded-SNR constant",
-        basis=z_basis(what="standard errors of the Bayes-risk Monte Carlo"),
-        passed=bool(increasing and exceeds), details=rows, figure=figure,
+        rule=rule, details=rows, figure=figure,
         notes="docs/gd_beta.md §8: ratio ≈ 560 at σ² = 1e-3, N = 50.")
 
 
@@ -522,13 +529,23 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
     response_error = float(np.max(np.abs(observed[resolved] - response[resolved]) / response[resolved]))
     tail_fit = fit_exponential_rate(beta_run.times[resolved][-20:], observed[resolved][-20:], (0.0, np.inf))
     risk0 = zero_run.metrics["risk"][0]
-    passed = (
-        all(r["converged"] for r in rows)
-        and all(r["max_risk_increase"] <= monotone_tol * risk0 for r in rows)
-        and all(r["beta_bound_violation"] <= 0 for r in rows)
-        and all(r["relative_error"] <= rate_tol for r in rate_rows)
-        and response_error <= response_tol
-    )
+    flow = "deterministic ODE (rtol 1e-10)"
+    single_mode = (f"single-mode starts of amplitude a = {a:.2g} (rtol 1e-12), so the neglected terms are O(a²) = "
+                   f"{a * a:.0e} relative; docs/gd_beta.md §9")
+    rule = all_of(
+        rules.condition(all(r["converged"] for r in rows),
+                        f"final error ≤ {converge_tol:g}·(1 + initial) by t = 30/rate from every start (largest "
+                        f"final error {max(r['final_error'] for r in rows):.2g})", basis=flow),
+        rules.at_most([r["max_risk_increase"] for r in rows], monotone_tol * risk0,
+                      what=f"largest risk increase along a path ({monotone_tol:g}·R(0))", basis=flow),
+        rules.at_most([r["beta_bound_violation"] for r in rows], 0.0,
+                      what=f"‖P_R(β₀ − β*)‖² − its bound − the integrator floor ({bound_floor:g}(1 + ‖β*‖))²",
+                      basis=flow),
+        rules.at_most([r["relative_error"] for r in rate_rows], rate_tol, what="relative error of each fitted rate",
+                      basis=f"{single_mode}; rate fits on error/error(0) ∈ {window}"),
+        rules.at_most(response_error, response_tol,
+                      what=f"Γ's relative deviation from its linear response where that exceeds {response_floor:g}",
+                      basis=single_mode))
     details = rows + rate_rows + [dict(quantity="‖Γ − Γ*‖_F driven by the β₀ mode", max_relative_deviation=response_error,
                                        points_compared=int(resolved.sum()), tail_slope_last_points=-tail_fit.slope,
                                        asymptotic_tail_rate=rates.gamma_tail)]
@@ -561,14 +578,7 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
         labels={"beta_rate": "β rate 2λ_min(B(Γ*))", "gamma_mode_rate": "Γ mode rate",
                 "gamma_response_deviation": "Γ vs its linear response (tail min(Γ rate, 2β rate)), max rel. dev.",
                 "max_final_error": "max final error", "max_risk_increase": "max risk increase"},
-        tolerance=f"final error <= {converge_tol:g}(1 + initial) by t = 30/rate; risk increase <= {monotone_tol:g}·R(0); "
-                  f"β bound at every output time above the integrator floor ({bound_floor:g}(1 + ‖β*‖))²; fitted "
-                  f"rates within {rate_tol:g} relative; Γ within {response_tol:g} relative of its linear response "
-                  f"wherever that exceeds {response_floor:g}",
-        basis=f"deterministic ODE (rtol 1e-10, 1e-12 on the single-mode runs); single-mode starts of amplitude "
-              f"a = {a:.2g}, so the neglected terms are O(a²) = {a * a:.0e} relative; rate fits on "
-              f"error/error(0) ∈ {window}; docs/gd_beta.md §9",
-        passed=bool(passed), details=details, figure=figure)
+        rule=rule, details=details, figure=figure)
 
 
 # ==================================================================================================
@@ -598,22 +608,32 @@ def sgd_reaches_optimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
     R_star = cf.optimal_risk(problem)
     optima = dict(gd_beta=R_star, ltb=R_star, lsa=cf.optimal_attention_risk(problem, mlp=False).risk)
     allowance = 0.01
-    rows, curves = [], {}
+    # GD-β has no spurious minimum; LTB and LSA stall: the median fails when at least half the seeds miss (for even
+    # seeds, the two middle ones straddle at worst), a binomial tail at STALL_RATE per model.
+    misses_to_fail = (seeds + 1) // 2
+    per_model = float(scipy_stats.binom.sf(misses_to_fail - 1, seeds, STALL_RATE))
+    training = ("the trained risk is evaluated exactly (closed form), so only training remains: 1% is the allowance "
+                "for a finite number of steps (good runs end 0.03–0.3% above); the median fails only if half the "
+                f"seeds stall, a binomial tail at a per-run stall rate ≤ {STALL_RATE:g} for LTB and LSA, whose seeds "
+                "are independent (docs/gd_beta.md §10)")
+    rows, curves, parts = [], {}, []
     for model, child in zip(optima, seed.spawn(len(optima))):
         runs = [dyn.minibatch_trajectory(problem, model, batch_size, steps, seed=s, lr=lr) for s in child.spawn(seeds)]
         finals = np.array([run.metrics["risk"][-1] for run in runs])
         optimum = optima[model]
         reached = finals <= (1 + allowance) * optimum
+        model_rule = all_of(
+            rules.at_most(np.median(finals), (1 + allowance) * optimum,
+                          what=f"{model}: median trained risk ((1 + {allowance:g})·optimum)", basis=training,
+                          false_fail_rate=None if model == "gd_beta" else per_model),
+            rules.at_least(finals.min(), optimum * (1 - 1e-9), what=f"{model}: best seed's risk (the optimum)",
+                           basis=training))
+        parts.append(model_rule)
         rows.append(dict(model=model, median_risk=float(np.median(finals)), optimum=optimum,
                          median_excess=float(np.median(finals) - optimum), seeds_within_1pct=int(reached.sum()),
                          seeds=seeds, best_seed=float(finals.min()), worst_seed=float(finals.max()),
-                         passed=bool(np.median(finals) <= (1 + allowance) * optimum
-                                     and finals.min() >= optimum * (1 - 1e-9))))
+                         passed=model_rule.passed))
         curves[model] = (runs[0].times, np.median([run.metrics["risk"] for run in runs], axis=0))
-    # The median fails when at least half the seeds miss (for even seeds, the two middle ones straddle at worst).
-    misses_to_fail = (seeds + 1) // 2
-    per_model = float(scipy_stats.binom.sf(misses_to_fail - 1, seeds, STALL_RATE))
-    false_fail = 1 - (1 - per_model) ** 2  # GD-β has no spurious minimum; LTB and LSA stall
 
     def figure():
         fig, ax = plots.figure(width=6.8)
@@ -631,12 +651,7 @@ def sgd_reaches_optimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
         measured={f"{r['model']}_risk": r["median_risk"] for r in rows},
         predicted={f"{r['model']}_risk": r["optimum"] for r in rows},
         labels={f"{r['model']}_risk": f"{r['model']} risk: median trained / optimum" for r in rows},
-        tolerance=f"median over {seeds} seeds of the exact trained risk <= (1 + {allowance:g})·optimum, and no seed "
-                  "below the optimum (each model)",
-        basis="the trained risk is evaluated exactly (closed form), so only training remains: 1% is the allowance for "
-              "a finite number of steps (good runs end 0.03–0.3% above); the median fails only if half the seeds "
-              f"stall, a binomial tail at a per-run stall rate <= {STALL_RATE:g} for LTB and LSA (docs/gd_beta.md §10)",
-        passed=all(r["passed"] for r in rows), details=rows, figure=figure, false_fail_rate=false_fail,
+        rule=all_of(*parts, independent=True), details=rows, figure=figure,
         notes="The LSA optimum exceeds R* by the Theorem 4.1 gap: no amount of training closes it. LTB and LSA "
               "train in the reduced coordinates (c, a, b, Q, q) as in docs/gd_beta.md §10, from the label-copy value row; "
               "a few runs even from there (and more from a random value row) end in the spurious minimum of "
@@ -678,7 +693,15 @@ def ltb_spurious_minimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
     near_local = np.abs(finals - R_local) <= 0.01 * R_local
     rows = [dict(seed=i, final_risk=r, ends_at="R*" if g else ("b = 0 minimum" if l else "elsewhere"))
             for i, (r, g, l) in enumerate(zip(finals, near_global, near_local))]
-    passed = R_local > R_star * 1.01 and curvature > 0 and bool(np.all(near_global | near_local))
+    landscape = "deterministic landscape (BFGS at gtol 1e-12, second difference at h = 1e-3 well above round-off)"
+    rule = all_of(
+        rules.at_least(R_local, R_star * 1.01, strict=True, what="equator minimum (1.01·R*)", basis=landscape),
+        rules.at_least(curvature, 0.0, strict=True, what="risk rise at b = ±1e-3", basis=landscape),
+        rules.condition(bool(np.all(near_global | near_local)),
+                        f"every seed within 1% of R* or of the equator minimum ({int(near_global.sum())} at R*, "
+                        f"{int(near_local.sum())} at the equator, {int(np.sum(~(near_global | near_local)))} elsewhere)",
+                        basis="training endpoints within the same 1% optimisation allowance as "
+                              "gd_beta.sgd_reaches_optimum"))
 
     def figure():
         fig, (ax_path, ax_seeds) = plots.figure(ncols=2, width=4.4)
@@ -706,11 +729,7 @@ def ltb_spurious_minimum(seed, beta_norm_H, seeds, steps, batch_size, lr):
                 "seeds_at_equator_minimum": "seeds at the b = 0 minimum", "seeds_at_global_minimum": "seeds at R*",
                 "global_minimum_risk": "R* (global)"},
         figure=figure,
-        tolerance="equator minimum > 1.01·R*; rise > 0 on both sides; every seed within 1% of R* or of the "
-                  "equator minimum",
-        basis="deterministic landscape (BFGS at gtol 1e-12, second difference at h = 1e-3 well above round-off); "
-              "training endpoints within the same 1% optimisation allowance as gd_beta.sgd_reaches_optimum",
-        passed=bool(passed), details=rows,
+        rule=rule, details=rows,
         notes="From the label-copy initialisation (b = 1) every seed reaches R* (gd_beta.sgd_reaches_optimum).")
 
 
@@ -902,10 +921,10 @@ def minibatch_gradient_scaling(seed, batch_sizes, seeds):
         predicted={"exponent": GRADIENT_LAW.exponent},
         labels={"exponent": "exponent of E‖ĝ_B − ∇R‖² in B: fitted / theorem",
                 "interval_low": f"{fit.level:.1%} interval low", "interval_high": f"{fit.level:.1%} interval high"},
-        false_fail_rate=1 - fit.level,
-        tolerance=f"the theorem's exponent −1 lies in the {fit.level:.1%} interval",
-        basis=f"{fit.method} ({seeds} seeds, each drawing the batch at every B: a paired design)",
-        passed=fit.contains(GRADIENT_LAW.exponent),
+        rule=rules.within(GRADIENT_LAW.exponent, fit.low, fit.high,
+                          what=f"the theorem's exponent {GRADIENT_LAW.exponent:g} (fitted {fit.level:.1%} interval)",
+                          basis=f"{fit.method} ({seeds} seeds, each drawing the batch at every B: a paired design)",
+                          false_fail_rate=1 - fit.level),
         details=[dict(batch_size=int(b), mean_squared_deviation=m, standard_error=s) for b, m, s in zip(x, means, ses)],
         figure=figure)
 
@@ -1017,6 +1036,19 @@ def gradient_noise_covariance(seed, d, N, n_contexts, n_prompts, kernel_prompts)
     mean_z = shift / mean_se
     mean_threshold = float(scipy_stats.norm.isf(alpha / 2))
     worst = int(np.argmax(np.abs(z) / thresholds))
+    bonferroni = f"Bonferroni at family-wise rate {DIFFUSION_FAMILY_RATE:g} over {comparisons} comparisons"
+    rule = all_of(
+        rules.within(z, -thresholds, thresholds, strict=True, false_fail_rate=DIFFUSION_FAMILY_RATE,
+                     what="z of each distinct entry of Σ (interval: ± its Student-t bound)",
+                     basis=f"z from the standard errors of both estimates (brute force: SE of the products over "
+                           f"{n_prompts} prompts; closed form: spread of {len(estimates)} batch estimates, hence "
+                           f"Student t on the Welch–Satterthwaite degrees of freedom, {dfs.min():.0f}–"
+                           f"{dfs.max():.0f}); {bonferroni}, the {p} entries of the mean gradient included"),
+        rules.within(mean_z, -mean_threshold, mean_threshold, strict=True,
+                     what="z of each entry of the mean gradient against ∇R (interval: ± the normal bound)",
+                     basis=f"normal: {n_prompts} prompts; the same {bonferroni}"),
+        rules.round_off(kernel_error, ROUND_OFF, what="training kernel − raw gradient (relative)",
+                        basis="the same float64 arithmetic in two orders"))
     return Outcome(
         measured={"max_abs_z": float(np.abs(z).max()), "trace_sigma": float(np.trace(measured)),
                   "max_abs_z_mean": float(np.abs(mean_z).max()), "kernel_relative_error": kernel_error},
@@ -1025,16 +1057,7 @@ def gradient_noise_covariance(seed, d, N, n_contexts, n_prompts, kernel_prompts)
         labels={"max_abs_z": f"max |z| over the {z.size} entries of Σ", "trace_sigma": "tr Σ",
                 "max_abs_z_mean": "max |z|, mean gradient vs closed-form ∇R",
                 "kernel_relative_error": f"training kernel vs raw gradient ({kernel_prompts} prompts)"},
-        tolerance=f"|z| below the Student-t bound of each of the {z.size} distinct entries of Σ "
-                  f"({thresholds.min():.2f}–{thresholds.max():.2f}), |z| < {mean_threshold:.2f} for the {p} entries "
-                  f"of the mean gradient; kernel gradients equal to {ROUND_OFF:g}",
-        basis=f"z from the standard errors of both estimates (brute force: SE of the products over {n_prompts} "
-              f"prompts; closed form: spread of {len(estimates)} batch estimates, hence Student t on the "
-              f"Welch–Satterthwaite degrees of freedom, {dfs.min():.0f}–{dfs.max():.0f}); Bonferroni at "
-              f"family-wise rate {DIFFUSION_FAMILY_RATE:g} over {comparisons} comparisons",
-        passed=bool(np.all(np.abs(z) < thresholds) and np.abs(mean_z).max() < mean_threshold
-                    and kernel_error < ROUND_OFF),
-        false_fail_rate=DIFFUSION_FAMILY_RATE,
+        rule=rule,
         details=[dict(entry=str(tuple(int(i) for i in (upper[0][worst], upper[1][worst]))),
                       measured=float(measured[upper][worst]), predicted=float(predicted[upper][worst]),
                       z=float(z[worst]), bound=float(thresholds[worst]), welch_df=float(dfs[worst]),
@@ -1110,16 +1133,17 @@ def lna_matches_sgd_spread(seed, beta_norm_H, batch_sizes, runs, steps, lr, n_co
         predicted={f"ratio_b{r['batch_size']}_step{r['step']}": 1.0 for r in rows},
         labels={f"ratio_b{r['batch_size']}_step{r['step']}": f"Var SGD / Var LNA, B = {r['batch_size']}, step {r['step']}"
                 for r in rows},
-        tolerance=f"each ratio inside its two-sided χ²_ν/ν interval at level {alpha:.1g} (worst: B = "
-                  f"{worst['batch_size']}, step {worst['step']}: {worst['ratio']:.3f} in "
-                  f"[{worst['interval_low']:.3f}, {worst['interval_high']:.3f}])",
-        basis=f"{runs} independent SGD runs: the sum of sample variances is tr C·χ²_ν/ν with Satterthwaite's ν from the "
-              f"LNA's eigenvalues; widened by the LNA's own Monte-Carlo error (Σ from {n_contexts} contexts in "
-              f"{results[0][1].n_batches} batches: Student t on the spread of the batch traces), half of each "
-              f"comparison's share to each; Bonferroni at family-wise rate {DIFFUSION_FAMILY_RATE:g} over "
-              f"{comparisons} comparisons",
-        passed=all(r["passed"] for r in rows), details=rows, figure=figure,
-        false_fail_rate=DIFFUSION_FAMILY_RATE,
+        rule=rules.within(
+            [r["ratio"] for r in rows], [r["interval_low"] for r in rows], [r["interval_high"] for r in rows],
+            what=f"Var SGD / Var LNA (two-sided χ²_ν/ν intervals at level {alpha:.1g} each; worst: B = "
+                 f"{worst['batch_size']}, step {worst['step']}: {worst['ratio']:.3f} in "
+                 f"[{worst['interval_low']:.3f}, {worst['interval_high']:.3f}])",
+            basis=f"{runs} independent SGD runs: the sum of sample variances is tr C·χ²_ν/ν with Satterthwaite's ν "
+                  f"from the LNA's eigenvalues; widened by the LNA's own Monte-Carlo error (Σ from {n_contexts} "
+                  f"contexts in {results[0][1].n_batches} batches: Student t on the spread of the batch traces), half "
+                  f"of each comparison's share to each; Bonferroni at family-wise rate {DIFFUSION_FAMILY_RATE:g} over "
+                  f"{comparisons} comparisons", false_fail_rate=DIFFUSION_FAMILY_RATE),
+        details=rows, figure=figure,
         notes="The LNA drops terms of relative order η·tr Σ/B; at B = 128 they show as a ratio slightly above 1 early "
               "in training, within the interval at this number of runs (docs/gd_beta.md §12).")
 
@@ -1203,13 +1227,16 @@ def gaussian_noise_proxy(seed, beta_norm_H, batch_size, runs, paths, steps, lr, 
         labels={**{f"proxy_over_lna_step{r['step']}": f"Var proxy / Var LNA, step {r['step']}"
                    + ("" if r["asserted"] else " (reported: the LNA's early second-order error)") for r in rows},
                 **{f"sgd_over_lna_step{r['step']}": f"Var SGD / Var LNA, step {r['step']} (reported)" for r in rows}},
-        tolerance=f"proxy / LNA inside its two-sided χ²_ν/ν interval at level {alpha:.1g} at steps "
-                  f"{', '.join(str(r['step']) for r in rows if r['asserted'])}; step {first['step']} and SGD are "
-                  "reported with their own intervals, not asserted",
-        basis=f"{paths} proxy paths and {runs} SGD runs; Satterthwaite's ν from the LNA's eigenvalues; Bonferroni at "
-              f"family-wise rate {DIFFUSION_FAMILY_RATE:g} over {len(asserted)} checkpoints",
-        passed=all(r["passed"] for r in rows if r["asserted"]), details=rows, figure=figure,
-        false_fail_rate=DIFFUSION_FAMILY_RATE,
+        rule=rules.within(
+            [r["proxy_over_lna"] for r in rows if r["asserted"]], [r["interval_low"] for r in rows if r["asserted"]],
+            [r["interval_high"] for r in rows if r["asserted"]],
+            what=f"Var proxy / Var LNA at steps {', '.join(str(r['step']) for r in rows if r['asserted'])} "
+                 f"(two-sided χ²_ν/ν intervals at level {alpha:.1g} each; step {first['step']} and SGD are reported "
+                 "with their own intervals, not asserted)",
+            basis=f"{paths} proxy paths and {runs} SGD runs; Satterthwaite's ν from the LNA's eigenvalues; Bonferroni "
+                  f"at family-wise rate {DIFFUSION_FAMILY_RATE:g} over {len(asserted)} checkpoints",
+            false_fail_rate=DIFFUSION_FAMILY_RATE),
+        details=rows, figure=figure,
         notes=f"At step {first['step']} the proxy's spread is {first['proxy_over_lna']:.2f}× the LNA's (reported: the "
               "LNA drops terms of relative order η·tr Σ/B, measured at +3.4% here on average). "
               f"Real SGD spreads {first['sgd_over_lna']:.2f}× the LNA variance "

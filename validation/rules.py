@@ -152,6 +152,8 @@ def within(values, low, high, *, what: str, basis: str, false_fail_rate: float |
     if values.size == 1:
         bracket = "(" if strict else "["
         where = f"in {bracket}{low[0]:.4g}, {high[0]:.4g}{')' if strict else ']'}"
+    elif np.array_equal(low, -high):
+        where = f"inside its interval in each of {values.size} comparisons (±{high.min():.3g}–{high.max():.3g})"
     else:
         where = (f"inside its interval in each of {values.size} comparisons (lower ends {low.min():.3g}–"
                  f"{low.max():.3g}, upper {high.min():.3g}–{high.max():.3g})")
