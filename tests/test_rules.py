@@ -17,6 +17,7 @@ def test_each_rule_decides_at_its_boundary_as_its_sentence_says():
     assert not rules.at_most(0.05, 0.05, what="r", basis="b", strict=True).passed
     assert rules.at_least([0.99, 1.0], 0.99, what="s", basis="b").passed
     assert not rules.at_least([0.99, 1.0], 0.99, what="s", basis="b", strict=True).passed
+    assert rules.at_least(0.97, 0.95, what="upper bound", basis="b", false_fail_rate=0.025).false_fail_rate == 0.025
     assert rules.exponent([-0.495, -0.515], -0.5, [0.01, 0.02], what="slope", basis="b").passed
     assert not rules.exponent([-0.495, -0.53], -0.5, [0.01, 0.02], what="slope", basis="b").passed
     assert rules.z_test([3.9, -3.9], what="mean").passed and not rules.z_test([4.0], what="mean").passed
