@@ -75,11 +75,13 @@ def at_most(value, bound: float, *, what: str, basis: str, strict: bool = False,
     return Rule(bool(passed), f"{what} {'<' if strict else '≤'} {bound:.3g}", basis, false_fail_rate)
 
 
-def at_least(value, bound: float, *, what: str, basis: str, strict: bool = False) -> Rule:
-    """Every ``value`` at least ``bound`` (above it when ``strict``), deterministically."""
+def at_least(value, bound: float, *, what: str, basis: str, strict: bool = False,
+             false_fail_rate: float | None = None) -> Rule:
+    """Every ``value`` at least ``bound`` (above it when ``strict``): deterministically, or with the nominal
+    ``false_fail_rate`` of an exact test whose statistic the value is (a confidence bound, say)."""
     smallest = _smallest(value)
     passed = smallest > bound if strict else smallest >= bound
-    return Rule(bool(passed), f"{what} {'>' if strict else '≥'} {bound:g}", basis)
+    return Rule(bool(passed), f"{what} {'>' if strict else '≥'} {bound:g}", basis, false_fail_rate)
 
 
 def z_test(z, *, what: str, k: float = Z_TOLERANCE, one_sided: bool = False,
