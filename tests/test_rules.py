@@ -115,3 +115,12 @@ def test_independent_parts_combine_their_rates_exactly():
     draws = np.random.default_rng(3).random((200_000, 3)) < p
     assert draws.any(axis=1).mean() == pytest.approx(1 - 0.8**3, abs=4 * np.sqrt(0.488 * 0.512 / 200_000))
     assert rules.all_of(rules.round_off(0.0, 1e-12, what="g", basis="b"), independent=True).false_fail_rate is None
+
+
+def test_a_lower_bound_carries_the_rate_of_its_exact_test():
+    """A confidence bound tested against a level: deterministic given the data, its rate is the test's."""
+    bound = rules.at_least(0.91, 0.9, what="CP lower bound", basis="b", false_fail_rate=4e-11)
+    assert bound.passed and bound.false_fail_rate == 4e-11 and bound.tolerance == "CP lower bound ≥ 0.9"
+    assert not rules.at_least(0.9, 0.9, what="CP lower bound", basis="b", strict=True, false_fail_rate=4e-11).passed
+    assert rules.at_least(0.91, 0.9, what="s", basis="b").false_fail_rate is None
+    assert rules.all_of(bound, rules.condition(True, "x", basis="b")).false_fail_rate == 4e-11
