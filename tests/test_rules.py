@@ -124,3 +124,36 @@ def test_a_lower_bound_carries_the_rate_of_its_exact_test():
     assert not rules.at_least(0.9, 0.9, what="CP lower bound", basis="b", strict=True, false_fail_rate=4e-11).passed
     assert rules.at_least(0.91, 0.9, what="s", basis="b").false_fail_rate is None
     assert rules.all_of(bound, rules.condition(True, "x", basis="b")).false_fail_rate == 4e-11
+
+
+HAND_WRITTEN = ("passed", "tolerance", "basis", "false_fail_rate")
+
+
+def _hand_written_verdicts(source: str) -> list[int]:
+    """Lines of the ``Outcome(...)`` calls in ``source`` that give any of HAND_WRITTEN by hand."""
+    import ast
+
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Outcome"
+            and any(keyword.arg in HAND_WRITTEN for keyword in node.keywords)]
+
+
+def test_the_scan_finds_a_verdict_written_by_hand():
+    assert _hand_written_verdicts("Outcome(measured={}, predicted={}, passed=True, tolerance='t', basis='b')") == [1]
+    assert _hand_written_verdicts("claims.Outcome(measured={},\n predicted={}, false_fail_rate=0.1)") == [1]
+    assert _hand_written_verdicts("Outcome(measured={}, predicted={}, rule=rule)") == []
+
+
+def test_every_built_in_claim_says_its_verdict_as_rules():
+    """No built-in paper writes a pass decision, tolerance, basis or rate by hand: each comes from a rule (a plugin
+    still may, see docs/adding-a-paper.md)."""
+    import inspect
+    from pathlib import Path
+
+    from attnflow.validation import systems
+
+    modules = {Path(inspect.getsourcefile(claim.function)) for claim in systems.registry().values()
+               if claim.function.__module__.startswith("attnflow.")}
+    found = {path.name: _hand_written_verdicts(path.read_text(encoding="utf-8")) for path in sorted(modules)}
+    assert len(found) == len(systems.system_keys()) + 1  # each paper's module and the deep tier's
+    assert {name: lines for name, lines in found.items() if lines} == {}
