@@ -541,8 +541,8 @@ def gradient_flow_converges(seed, d, N, n_random_starts):
         rules.at_most([r["beta_bound_violation"] for r in rows], 0.0,
                       what=f"‖P_R(β₀ − β*)‖² − its bound − the integrator floor ({bound_floor:g}(1 + ‖β*‖))²",
                       basis=flow),
-        rules.at_most([r["relative_error"] for r in rate_rows], rate_tol, what="relative error of each fitted rate",
-                      basis=f"{single_mode}; rate fits on error/error(0) ∈ {window}"),
+        rules.at_most([r["relative_error"] for r in rate_rows], rate_tol,
+                      what=f"relative error of each rate fitted on error/error(0) ∈ {window}", basis=single_mode),
         rules.at_most(response_error, response_tol,
                       what=f"Γ's relative deviation from its linear response where that exceeds {response_floor:g}",
                       basis=single_mode))
