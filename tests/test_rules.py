@@ -96,10 +96,13 @@ def test_statuses_are_their_text_and_carry_their_meaning():
 def test_within_decides_each_value_against_its_own_interval():
     rule = rules.within([0.9, 1.2], [0.8, 0.7], [1.1, 1.2], what="ratio", basis="b", false_fail_rate=1e-3)
     assert rule.passed and rule.false_fail_rate == 1e-3  # the family's rate, as given
-    assert rule.tolerance == "ratio inside its interval in each of 2 comparisons (lower ends 0.7–0.8, upper 1.1–1.2)"
+    assert rule.tolerance == ("ratio inside its interval in each of 2 comparisons (lower ends 0.7 to 0.8, upper "
+                              "1.1 to 1.2)")
+    shared = rules.within([0.9, 1.0], [-1e-8, -1e-8], [2.0, 2.0], what="gap", basis="b")
+    assert shared.tolerance == "gap inside its interval in each of 2 comparisons (lower ends -1e-08, upper 2)"
     assert not rules.within([0.9, 1.2], [0.8, 0.7], [1.1, 1.2], what="ratio", basis="b", strict=True).passed
     symmetric = rules.within([0.5, -3.0], [-2.0, -4.0], [2.0, 4.0], what="z", basis="b", strict=True)
-    assert symmetric.passed and symmetric.tolerance == "z inside its interval in each of 2 comparisons (±2–4)"
+    assert symmetric.passed and symmetric.tolerance == "z inside its interval in each of 2 comparisons (±2 to 4)"
     single = rules.within(-1.0, -1.2, -0.9, what="exponent", basis="b")
     assert single.passed and single.tolerance == "exponent in [-1.2, -0.9]"
     assert not rules.within(np.nan, -1.0, 1.0, what="z", basis="b").passed

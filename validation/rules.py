@@ -155,11 +155,17 @@ def within(values, low, high, *, what: str, basis: str, false_fail_rate: float |
         bracket = "(" if strict else "["
         where = f"in {bracket}{low[0]:.4g}, {high[0]:.4g}{')' if strict else ']'}"
     elif np.array_equal(low, -high):
-        where = f"inside its interval in each of {values.size} comparisons (±{high.min():.3g}–{high.max():.3g})"
+        where = f"inside its interval in each of {values.size} comparisons (±{_span(high)})"
     else:
-        where = (f"inside its interval in each of {values.size} comparisons (lower ends {low.min():.3g}–"
-                 f"{low.max():.3g}, upper {high.min():.3g}–{high.max():.3g})")
+        where = (f"inside its interval in each of {values.size} comparisons (lower ends {_span(low)}, upper "
+                 f"{_span(high)})")
     return Rule(bool(np.all(inside)), f"{what} {where}", basis, false_fail_rate)
+
+
+def _span(ends) -> str:
+    """The range of interval ends as printed: one number when they agree to the digits shown."""
+    low, high = f"{ends.min():.3g}", f"{ends.max():.3g}"
+    return low if low == high else f"{low} to {high}"
 
 
 def condition(holds: bool, statement: str, *, basis: str, false_fail_rate: float | None = None) -> Rule:
