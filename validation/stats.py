@@ -13,7 +13,8 @@ from scipy import stats as _scipy_stats
 
 from attnflow import seeding
 
-__all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "clopper_pearson", "sign_test_threshold", "RateFit",
+__all__ = ["Z_TOLERANCE", "z_basis", "two_sided_p", "ratio_standard_error", "clopper_pearson", "ClusteredInterval",
+           "clustered_clopper_pearson", "sign_test_threshold", "RateFit",
            "fit_exponential_rate", "fit_power_law", "satterthwaite_df", "variance_ratio_interval",
            "widen_for_prediction_error", "welch_df",
            "Extrapolation", "richardson_in_batch", "ExponentFit", "fit_exponent_t", "fit_exponent_difference", "fit_exponent"]
@@ -44,6 +45,52 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     low = 0.0 if k == 0 else float(_scipy_stats.beta.ppf(alpha / 2, k, n - k + 1))
     high = 1.0 if k == n else float(_scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
     return low, high
+
+
+@dataclass(frozen=True)
+class ClusteredInterval:
+    """A proportion's interval from clustered trials: ``low``, ``high`` and the effective number of independent
+    trials it stands for (``n_effective``, at most the number of trials)."""
+    low: float
+    high: float
+    n_effective: float
+
+
+def clustered_clopper_pearson(successes, trials, level: float = 0.95) -> ClusteredInterval:
+    """Clopper–Pearson interval for a proportion whose trials come in clusters that share a random cause
+    (sequences scored by one trained matrix), by Korn & Graubard's effective sample size (Survey Methodology
+    24:193, 1998).
+
+    ``successes[i]`` of ``trials[i]`` trials in cluster i. The pooled p̂ = Σsᵢ/Σnᵢ has the cluster-robust variance
+    v = m/(m − 1)·Σ(sᵢ − p̂nᵢ)²/(Σnᵢ)² over m clusters; the effective sample size p̂(1 − p̂)/v, scaled by
+    (t_{N−1}/t_{m−1})² for the m − 1 degrees of freedom v rests on, replaces N = Σnᵢ in the exact binomial interval
+    (Beta quantiles at non-integer counts). Choice: the design effect is floored at 1 (n_effective ≤ N before the
+    degrees-of-freedom factor), so clustered trials never count as more informative than independent ones; with
+    v = 0 (every cluster at p̂, as when all trials succeed) it is 1. The interval is an approximation, not exact:
+    its one-sided coverage is measured in tests/test_stats.py."""
+    s, n = np.asarray(successes, dtype=float), np.asarray(trials, dtype=float)
+    if s.ndim != 1 or s.shape != n.shape:
+        raise ValueError(f"successes and trials must be 1-d of one length, got shapes {s.shape} and {n.shape}")
+    if s.size < 2:
+        raise ValueError(f"need at least 2 clusters, got {s.size}")
+    if not (np.all(np.isfinite(n)) and np.all(n >= 0) and np.all((0 <= s) & (s <= n))):
+        raise ValueError("need 0 <= successes[i] <= trials[i] in every cluster")
+    if not (0 < level < 1):
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    total = n.sum()
+    if total < 2:
+        raise ValueError(f"need at least 2 trials in all, got {total:g}")
+    p = s.sum() / total
+    m = s.size
+    variance = m / (m - 1) * np.sum((s - p * n) ** 2) / total**2
+    design_effect = max(1.0, variance / (p * (1 - p) / total)) if 0 < p < 1 else 1.0
+    alpha = 1 - level
+    n_effective = total / design_effect * (_scipy_stats.t.ppf(alpha / 2, total - 1)
+                                           / _scipy_stats.t.ppf(alpha / 2, m - 1)) ** 2
+    x = n_effective * p
+    low = 0.0 if p == 0 else float(_scipy_stats.beta.ppf(alpha / 2, x, n_effective - x + 1))
+    high = 1.0 if p == 1 else float(_scipy_stats.beta.ppf(1 - alpha / 2, x + 1, n_effective - x))
+    return ClusteredInterval(low, high, float(n_effective))
 
 
 def sign_test_threshold(n: int, alpha: float) -> tuple[int, float]:
