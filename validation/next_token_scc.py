@@ -798,7 +798,7 @@ def test_time_retrieval(seed, instances, steps, sequences):
                      "attention outside the predicted top set, 1 − mass", "sequences", logx=True)
         plots.legend_below(ax, ncols=2)
         return fig
-    hit_fraction = f"{hits}/{decided} (clustered 95% CP [{low:.3f}, {interval.high:.3f}])"
+    hit_fraction = f"{hits}/{decided} (clustered 95% CP [{low:.6g}, {interval.high:.6g}])"
     return Outcome(measured=dict(argmax_in_top=hit_fraction,
                                  decided=f"{decided}/{total}",
                                  effective_sequences=round(interval.n_effective, 1),
@@ -809,8 +809,8 @@ def test_time_retrieval(seed, instances, steps, sequences):
                                median_mass="median attention mass on the top set"),
                    rule=rules.at_least(low, 0.9, what="clustered 95% Clopper–Pearson lower bound of the hit fraction",
                                        false_fail_rate=false_fail,
-                                       basis="at τ = 2·10⁴ the logits are ≈ log τ·Z^svm + O(1), so a gap ≥ 1/2 is ≥ 5 "
-                                             "nats; binomial interval over the decided sequences at Korn–Graubard's "
+                                       basis=f"at τ = {steps:,} the logits are ≈ log τ·Z^svm + O(1), so a gap ≥ 1/2 is "
+                                             f"≥ {np.log(steps) / 2:.1f} nats; binomial interval over the decided sequences at Korn–Graubard's "
                                              f"effective size ({interval.n_effective:.0f}), since sequences scored by "
                                              f"one of the {len(runs)} trained W share it; the false-FAIL rate is the "
                                              "binomial one at that size"),
