@@ -368,13 +368,13 @@ def bayes_constant_factor(seed, N_values, n_contexts):
     limit = cf.large_context_ratio_limit(reference)
     ratios, ratio_ses = np.array([r["ratio"] for r in rows]), np.array([r["ratio_se"] for r in rows])
     # one one-sided 4-SE bound per N can be near its limit (the two bounds are far apart): one comparison per N
+    per_N = float(scipy_stats.norm.sf(Z_TOLERANCE))
     rule = all_of(
         rules.within(ratios, 1 - Z_TOLERANCE * ratio_ses, bound + Z_TOLERANCE * ratio_ses,
                      what=f"ratio (interval [1 − {Z_TOLERANCE:g} SE, 1 + 2·SNR + {Z_TOLERANCE:g} SE])",
-                     false_fail_rate=len(rows) * float(scipy_stats.norm.sf(Z_TOLERANCE)),
+                     false_fail_rate=len(rows) * per_N,
                      basis=f"{Z_TOLERANCE:g} standard errors of the Bayes-risk Monte Carlo (delta method for the "
-                           "ratio), one-sided at the nearer bound (false-alarm probability "
-                           f"{scipy_stats.norm.sf(Z_TOLERANCE):.1g} per N)"),
+                           f"ratio), one-sided at the nearer bound (false-alarm probability {per_N:.1g} per N)"),
         rules.within([r["excess_gd"] for r in rows], [r["sandwich_lower"] for r in rows],
                      [r["sandwich_upper"] for r in rows],
                      what="R* − σ² (interval: the sandwich ½Σmin(ψᵢ, σ²/(N+1)) to 2(1+SNR)Σmin(ψᵢ, σ²/N))",
