@@ -810,7 +810,8 @@ def test_time_retrieval(seed, instances, steps, sequences):
                    rule=rules.at_least(low, 0.9, what="clustered 95% Clopper–Pearson lower bound of the hit fraction",
                                        false_fail_rate=false_fail,
                                        basis=f"at τ = {steps:,} the logits are ≈ log τ·Z^svm + O(1), so a gap ≥ 1/2 is "
-                                             f"≥ {np.log(steps) / 2:.1f} nats; binomial interval over the decided sequences at Korn–Graubard's "
+                                             f"≥ {np.log(steps) / 2:.1f} nats; binomial interval over the decided "
+                                             "sequences at Korn–Graubard's "
                                              f"effective size ({interval.n_effective:.0f}), since sequences scored by "
                                              f"one of the {len(runs)} trained W share it; the false-FAIL rate is the "
                                              "binomial one at that size"),
